@@ -1,0 +1,178 @@
+//! Endpoints: where a tenant's customer receives webhooks, and what it subscribes to.
+
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{EndpointId, TenantId};
+use crate::retry::RetrySpec;
+use crate::signature::Secret;
+
+/// Per-attempt timeout when the endpoint names none.
+pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+/// Longest per-attempt timeout an endpoint may ask for: a slower receiver holds a
+/// worker slot too long and should answer first and process later.
+pub const MAX_TIMEOUT_MS: u32 = 30_000;
+/// Shortest timeout worth configuring.
+pub const MIN_TIMEOUT_MS: u32 = 100;
+/// In-flight attempts per endpoint when it names none.
+pub const DEFAULT_MAX_CONCURRENCY: u32 = 8;
+/// Upper bound on an endpoint's concurrency cap.
+pub const MAX_CONCURRENCY_CAP: u32 = 256;
+/// How long a rotated-out secret keeps signing beside the new one.
+pub const ROTATION_OVERLAP: ChronoDuration = ChronoDuration::hours(24);
+/// Most event-type patterns one endpoint may list.
+pub const MAX_EVENT_TYPE_PATTERNS: usize = 100;
+/// Longest event type or pattern.
+pub const MAX_EVENT_TYPE_LEN: usize = 128;
+/// Longest endpoint description.
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+
+/// Delivery guarantee an endpoint asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryMode {
+    /// Retried per policy; a crash may cause a duplicate (same `webhook-id`).
+    #[default]
+    AtLeastOnce,
+    /// Never retried and never sent twice, even after a crash.
+    AtMostOnce,
+}
+
+/// A secret that was rotated out and keeps signing until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreviousSecret {
+    pub secret: Secret,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub tenant_id: TenantId,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub mode: DeliveryMode,
+    pub retry: RetrySpec,
+    pub timeout_ms: u32,
+    pub max_concurrency: u32,
+    pub disabled: bool,
+    pub description: Option<String>,
+    pub secret: Secret,
+    pub previous_secret: Option<PreviousSecret>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Endpoint {
+    /// The secrets that sign an attempt made at `now`: the current one first, and the
+    /// previous one while its overlap lasts.
+    pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<&Secret> {
+        let mut secrets = vec![&self.secret];
+        if let Some(prev) = &self.previous_secret {
+            if prev.expires_at > now {
+                secrets.push(&prev.secret);
+            }
+        }
+        secrets
+    }
+
+    /// Replace the secret; the old one signs alongside for [`ROTATION_OVERLAP`].
+    pub fn rotate_secret(&mut self, now: DateTime<Utc>) {
+        let old = std::mem::replace(&mut self.secret, Secret::generate());
+        self.previous_secret = Some(PreviousSecret {
+            secret: old,
+            expires_at: now + ROTATION_OVERLAP,
+        });
+        self.updated_at = now;
+    }
+
+    pub fn subscribes_to(&self, event_type: &str) -> bool {
+        matches_event_type(&self.event_types, event_type)
+    }
+}
+
+/// The subscription filter: empty means every type; otherwise an exact type or a
+/// `prefix.*` wildcard that matches every type below `prefix.`.
+pub fn matches_event_type(patterns: &[String], event_type: &str) -> bool {
+    patterns.is_empty()
+        || patterns.iter().any(|p| match p.strip_suffix(".*") {
+            Some(prefix) => event_type
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('.')),
+            None => p == event_type,
+        })
+}
+
+/// Why an event type (or a pattern) is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventTypeError {
+    #[error("must be 1 to {MAX_EVENT_TYPE_LEN} characters of letters, digits, `_`, `-` and `.`-separated parts")]
+    Malformed,
+    #[error("at most {MAX_EVENT_TYPE_PATTERNS} patterns")]
+    TooMany,
+}
+
+/// An event type: dot-separated non-empty parts of `[A-Za-z0-9_-]`.
+pub fn validate_event_type(t: &str) -> Result<(), EventTypeError> {
+    let ok = !t.is_empty()
+        && t.len() <= MAX_EVENT_TYPE_LEN
+        && t.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(EventTypeError::Malformed)
+    }
+}
+
+/// Patterns: event types, or event types followed by `.*`.
+pub fn validate_event_type_patterns(patterns: &[String]) -> Result<(), EventTypeError> {
+    if patterns.len() > MAX_EVENT_TYPE_PATTERNS {
+        return Err(EventTypeError::TooMany);
+    }
+    for p in patterns {
+        validate_event_type(p.strip_suffix(".*").unwrap_or(p))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pats(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn subscription_filter() {
+        assert!(matches_event_type(&[], "anything.at.all"));
+        let f = pats(&["lead.*", "invoice.paid"]);
+        assert!(matches_event_type(&f, "lead.created"));
+        assert!(matches_event_type(&f, "lead.stage.changed"));
+        assert!(matches_event_type(&f, "invoice.paid"));
+        assert!(!matches_event_type(&f, "lead"));
+        assert!(!matches_event_type(&f, "leads.created"));
+        assert!(!matches_event_type(&f, "invoice.paid.late"));
+        assert!(!matches_event_type(&f, "invoice.created"));
+    }
+
+    #[test]
+    fn event_type_validation() {
+        assert!(validate_event_type("lead.stage_changed").is_ok());
+        for bad in ["", "lead.", ".lead", "lead..x", "lead stage", "lead.*"] {
+            assert!(validate_event_type(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_event_type_patterns(&pats(&["lead.*", "a.b"])).is_ok());
+        assert!(validate_event_type_patterns(&pats(&["*"])).is_err());
+        assert!(validate_event_type_patterns(&pats(&["a.*.b"])).is_err());
+        assert_eq!(
+            validate_event_type_patterns(&vec!["a".to_string(); 101]),
+            Err(EventTypeError::TooMany)
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! Failure records: the dead letters a human can read, acknowledge and resend.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+
+/// Why a delivery ended up in the failures store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureReason {
+    /// Every attempt of the policy failed.
+    Exhausted,
+    /// The policy does not retry this failure (a 4xx under `standard`, a refused target).
+    NotRetryable,
+    /// An at-most-once delivery failed or its outcome is unknown.
+    AtMostOnce,
+}
+
+/// The message the worker puts on the failures queue. Small on purpose: the analyzer
+/// reads the rest (payload, attempts) from the store, where it is durable already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureNotice {
+    pub delivery_id: DeliveryId,
+    pub tenant_id: TenantId,
+    pub generation: u32,
+    pub reason: FailureReason,
+    pub failed_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub id: FailureId,
+    pub tenant_id: TenantId,
+    pub delivery_id: DeliveryId,
+    pub event_id: EventId,
+    pub event_type: String,
+    pub endpoint_id: EndpointId,
+    pub reason: FailureReason,
+    pub payload: String,
+    /// When each attempt of the failed generation started.
+    pub attempt_times: Vec<DateTime<Utc>>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub acknowledged_at: Option<DateTime<Utc>>,
+    pub ack_note: Option<String>,
+}

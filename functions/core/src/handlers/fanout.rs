@@ -1,0 +1,52 @@
+//! The outbox trigger: one committed event becomes one delivery per subscribed
+//! endpoint, each queued for the worker.
+//!
+//! Idempotent by construction, because outbox records are delivered at least once
+//! (a stream shard retried, an embedded poller that crashed before marking the row):
+//! delivery ids are derived from (event, endpoint), the store refuses a second create,
+//! and a delivery found still untouched is queued again, which the worker tolerates.
+
+use std::time::Duration;
+
+use tracing::{info_span, Instrument};
+
+use crate::delivery::{Delivery, DeliveryState};
+use crate::event::Event;
+use crate::ids::DeliveryId;
+use crate::ports::{Services, StoreResult};
+
+use super::task::DeliveryTask;
+
+/// Fan `event` out; returns how many deliveries it has (new or found).
+pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
+    let span = info_span!("fan_out", event_id = %event.id, tenant_id = %event.tenant_id);
+    async {
+        let now = services.clock.now();
+        let endpoints = services.store.tenant_endpoints(&event.tenant_id).await?;
+        let mut messages = Vec::new();
+        let mut count = 0;
+        for endpoint in endpoints
+            .iter()
+            .filter(|e| e.subscribes_to(&event.event_type))
+        {
+            let id =
+                DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+            let fresh = Delivery::new(id, event, endpoint.id.clone(), endpoint.disabled, now);
+            let stored = services.store.create_delivery_if_absent(&fresh).await?;
+            count += 1;
+            // Only a never-attempted delivery needs its first message; anything further
+            // along already has one (or is paused until its endpoint is re-enabled).
+            if stored.state == DeliveryState::Pending && stored.attempt_count == 0 {
+                messages
+                    .push(DeliveryTask::for_delivery(&stored).message(endpoint, Duration::ZERO));
+            }
+        }
+        if !messages.is_empty() {
+            services.deliveries.send(messages).await?;
+        }
+        tracing::debug!(deliveries = count, "fanned out");
+        Ok(count)
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,280 @@
+//! The delivery worker: one queue message in, one attempt (or none) made, the outcome
+//! recorded, and a disposition out telling the runtime what to do with the message.
+
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use tracing::{info_span, Instrument};
+
+use crate::delivery::{Delivery, DeliveryState};
+use crate::endpoint::{DeliveryMode, Endpoint};
+use crate::failure::{FailureNotice, FailureReason};
+use crate::ports::{Services, StoreError, StoreResult};
+use crate::retry::{RetryPolicy, RetrySpec};
+use crate::state_machine::{self, Action, AttemptReport, Skip};
+
+use super::task::DeliveryTask;
+use super::until;
+use super::webhook::signed_request;
+
+/// How long past its timeout an attempt may run before another worker presumes the
+/// one that started it dead. Covers connection set-up and the write of the outcome.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// When a concurrent write beat ours, look at the delivery again this much later.
+pub const CONFLICT_BACKOFF: Duration = Duration::from_secs(2);
+
+/// What the runtime does with the message after the handler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Delete it: nothing more will come of it.
+    Done,
+    /// Keep it, hidden for this long (SQS: ChangeMessageVisibility + report it failed).
+    RetryIn(Duration),
+}
+
+/// Handle one delivery-queue message. `Err` means a backend failed: leave the message
+/// alone and it comes back after its visibility timeout.
+pub async fn handle_delivery(services: &Services, body: &str) -> StoreResult<Disposition> {
+    let task: DeliveryTask = match serde_json::from_str(body) {
+        Ok(task) => task,
+        Err(e) => {
+            // Not ours to interpret; keeping it would only redeliver it forever.
+            tracing::error!(error = %e, "dropping an unreadable delivery message");
+            return Ok(Disposition::Done);
+        }
+    };
+    let span = info_span!(
+        "deliver",
+        delivery_id = %task.delivery_id,
+        endpoint_id = %task.endpoint_id,
+        tenant_id = %task.tenant_id,
+        generation = task.generation
+    );
+    deliver(services, &task).instrument(span).await
+}
+
+async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Disposition> {
+    let store = &services.store;
+    let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
+        tracing::warn!("message for an unknown delivery");
+        return Ok(Disposition::Done);
+    };
+    let Some(endpoint) = store.get_endpoint(&delivery.endpoint_id).await? else {
+        return endpoint_gone(services, &delivery).await;
+    };
+    let now = services.clock.now();
+    if endpoint.disabled {
+        if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
+            save_or_backoff(services, &state_machine::pause(&delivery, now), &[]).await?;
+        }
+        return Ok(Disposition::Done);
+    }
+    if delivery.state == DeliveryState::Retrying && task.generation == delivery.generation {
+        if let Some(at) = delivery.next_attempt_at.filter(|at| *at > now) {
+            // Early: a duplicate message, or one whose requeue was lost in a crash.
+            return requeue(services, task, &endpoint, at).await;
+        }
+    }
+    let policy = policy_of(&endpoint);
+    let lease = Duration::from_millis(u64::from(endpoint.timeout_ms)) + LEASE_MARGIN;
+    let step = match state_machine::begin(
+        &delivery,
+        task.generation,
+        endpoint.mode,
+        &policy,
+        lease,
+        now,
+    ) {
+        Ok(step) => step,
+        Err(Skip::Busy(at)) => return Ok(Disposition::RetryIn(until(at, now))),
+        Err(Skip::Terminal) if task.generation == delivery.generation => {
+            // A crash may have come between the terminal write and the failure notice:
+            // send it again (the failure handler is idempotent).
+            resend_failure_notice(services, &delivery, endpoint.mode).await?;
+            return Ok(Disposition::Done);
+        }
+        Err(skip) => {
+            tracing::debug!(?skip, "no attempt");
+            return Ok(Disposition::Done);
+        }
+    };
+    let (mut delivery, attempts, sends) = split_actions(step);
+    // Persisted *before* sending: this write is the at-most-once guarantee.
+    delivery = match store.save_delivery(&delivery, &attempts).await {
+        Ok(saved) => saved,
+        Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
+        Err(e) => return Err(e),
+    };
+    if !sends {
+        return carry_out(services, task, &endpoint, &delivery, &[]).await;
+    }
+    let event = store.get_event(&delivery.event_id).await?.ok_or_else(|| {
+        StoreError::Backend(format!(
+            "event {} of a delivery is missing",
+            delivery.event_id
+        ))
+    })?;
+    let request = signed_request(&endpoint, &event, services.clock.now());
+    let started_at = services.clock.now();
+    let started = Instant::now();
+    let result = services.transport.send(&request).await;
+    let report = AttemptReport {
+        started_at,
+        duration: started.elapsed(),
+        result,
+    };
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    let step = state_machine::complete(
+        &delivery,
+        &report,
+        endpoint.mode,
+        &policy,
+        services.clock.now(),
+        &mut rng,
+    );
+    tracing::info!(
+        attempt = step.delivery.attempt_count,
+        status = ?report.result.status(),
+        state = ?step.delivery.state,
+        duration_ms = report.duration.as_millis() as u64,
+        "attempt finished"
+    );
+    let (next, attempts, _) = split_actions(step.clone());
+    let saved = match store.save_delivery(&next, &attempts).await {
+        Ok(saved) => saved,
+        // Only a resend changes a delivery under a running attempt; it queued its own
+        // message, so this one has nothing left to do.
+        Err(StoreError::Conflict(_)) => return Ok(Disposition::Done),
+        Err(e) => return Err(e),
+    };
+    carry_out(services, task, &endpoint, &saved, &step.actions).await
+}
+
+/// The delivery to persist, the attempts to append with it, and whether to send.
+fn split_actions(step: state_machine::Step) -> (Delivery, Vec<crate::delivery::Attempt>, bool) {
+    let mut attempts = Vec::new();
+    let mut sends = false;
+    for action in &step.actions {
+        match action {
+            Action::RecordAttempt(a) => attempts.push(a.clone()),
+            Action::Send => sends = true,
+            Action::RequeueAt(_) | Action::MoveToFailures(_) => {}
+        }
+    }
+    (step.delivery, attempts, sends)
+}
+
+/// Act on the post-write actions: requeue, or hand to the failure handler.
+async fn carry_out(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    delivery: &Delivery,
+    actions: &[Action],
+) -> StoreResult<Disposition> {
+    for action in actions {
+        match action {
+            Action::RequeueAt(at) => return requeue(services, task, endpoint, *at).await,
+            Action::MoveToFailures(notice) => {
+                send_failure_notice(services, notice).await?;
+                return Ok(Disposition::Done);
+            }
+            Action::RecordAttempt(_) | Action::Send => {}
+        }
+    }
+    if delivery.state.is_terminal() && delivery.state != DeliveryState::Delivered {
+        resend_failure_notice(services, delivery, endpoint.mode).await?;
+    }
+    Ok(Disposition::Done)
+}
+
+/// Bring the message back at `at`: by hiding it when the queue allows such a delay,
+/// otherwise through the long-delay scheduler (and the original is deleted).
+async fn requeue(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    at: chrono::DateTime<chrono::Utc>,
+) -> StoreResult<Disposition> {
+    let delay = until(at, services.clock.now());
+    match services.deliveries.max_delay() {
+        Some(max) if delay > max => {
+            services
+                .scheduler
+                .schedule(task.message(endpoint, Duration::ZERO), at)
+                .await?;
+            Ok(Disposition::Done)
+        }
+        _ => Ok(Disposition::RetryIn(delay)),
+    }
+}
+
+async fn send_failure_notice(services: &Services, notice: &FailureNotice) -> StoreResult<()> {
+    let message = crate::ports::OutgoingMessage {
+        body: serde_json::to_string(notice).expect("a notice serialises"),
+        group: notice.tenant_id.to_string(),
+        delay: Duration::ZERO,
+        concurrency_key: None,
+        concurrency_limit: 0,
+    };
+    services.failures.send(vec![message]).await
+}
+
+async fn resend_failure_notice(
+    services: &Services,
+    delivery: &Delivery,
+    mode: DeliveryMode,
+) -> StoreResult<()> {
+    let reason = match (delivery.state, mode) {
+        (DeliveryState::Exhausted, _) => FailureReason::Exhausted,
+        (DeliveryState::Failed, DeliveryMode::AtMostOnce) => FailureReason::AtMostOnce,
+        (DeliveryState::Failed, DeliveryMode::AtLeastOnce) => FailureReason::NotRetryable,
+        _ => return Ok(()),
+    };
+    send_failure_notice(
+        services,
+        &FailureNotice {
+            delivery_id: delivery.id.clone(),
+            tenant_id: delivery.tenant_id.clone(),
+            generation: delivery.generation,
+            reason,
+            failed_at: delivery.updated_at,
+        },
+    )
+    .await
+}
+
+/// The endpoint was deleted by its owner: the delivery ends as failed, on purpose,
+/// without alerting anyone (nobody is left to receive it).
+async fn endpoint_gone(services: &Services, delivery: &Delivery) -> StoreResult<Disposition> {
+    if !delivery.state.is_terminal() {
+        let mut next = delivery.clone();
+        next.state = DeliveryState::Failed;
+        next.last_error = Some("the endpoint was deleted".into());
+        next.next_attempt_at = None;
+        next.updated_at = services.clock.now();
+        save_or_backoff(services, &next, &[]).await?;
+    }
+    Ok(Disposition::Done)
+}
+
+async fn save_or_backoff(
+    services: &Services,
+    delivery: &Delivery,
+    attempts: &[crate::delivery::Attempt],
+) -> StoreResult<()> {
+    match services.store.save_delivery(delivery, attempts).await {
+        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The endpoint's policy. Specs are validated when written, so the fallback is only
+/// for a record edited by hand.
+pub fn policy_of(endpoint: &Endpoint) -> RetryPolicy {
+    endpoint.retry.policy().unwrap_or_else(|_| {
+        RetrySpec::default()
+            .policy()
+            .expect("the default preset is valid")
+    })
+}

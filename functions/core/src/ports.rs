@@ -1,0 +1,240 @@
+//! The ports: what the handlers need from the outside world, as small async traits.
+//! The SQLite adapters (embedded) and the AWS adapters implement the same traits, so
+//! every handler is written once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::delivery::{Attempt, Delivery, DeliveryStatus};
+use crate::endpoint::Endpoint;
+use crate::event::Event;
+use crate::failure::Failure;
+use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use crate::outcome::TransportResult;
+use crate::tenant::{Principal, Tenant};
+
+/// Most rows one list call returns.
+pub const MAX_PAGE_SIZE: usize = 200;
+
+/// A store or queue operation that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The write's precondition failed: an id already taken, or a stale version.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The backend failed (I/O, a throttled request). Worth retrying later.
+    #[error("backend: {0}")]
+    Backend(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Wall-clock time. A port so that a 31-hour retry schedule runs in seconds in tests.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The real clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// One page of a newest-first listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+#[async_trait]
+pub trait TenantStore: Send + Sync {
+    /// Create the tenant and its first API key (stored as a hash) together.
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()>;
+    async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>>;
+    /// Register a key hash for a principal (the admin key at first start).
+    async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()>;
+    async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>>;
+}
+
+#[async_trait]
+pub trait EndpointStore: Send + Sync {
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>>;
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()>;
+    /// Newest first; `None` tenant lists every tenant's (admin).
+    async fn list_endpoints(
+        &self,
+        tenant: Option<&TenantId>,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> StoreResult<Page<Endpoint>>;
+    /// Every endpoint of the tenant, enabled or not (fan-out filters by type).
+    async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>>;
+}
+
+/// Whether a publish created the event or found it already there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    Created,
+    /// The id was taken: idempotent publish returns the stored event.
+    Existing(Event),
+}
+
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Write the event into the outbox unless its id exists (the producer contract).
+    async fn publish(&self, event: &Event) -> StoreResult<Published>;
+    async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>>;
+}
+
+/// Filters of the delivery log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryQuery {
+    /// `None`: every tenant (admin).
+    pub tenant: Option<TenantId>,
+    pub endpoint_id: Option<EndpointId>,
+    pub event_type: Option<String>,
+    pub status: Option<DeliveryStatus>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    pub limit: usize,
+    pub cursor: Option<String>,
+}
+
+#[async_trait]
+pub trait DeliveryStore: Send + Sync {
+    /// Create unless a delivery with this id exists; either way return the stored one.
+    async fn create_delivery_if_absent(&self, delivery: &Delivery) -> StoreResult<Delivery>;
+    async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
+    /// Write `delivery` and append `attempts` in one atomic step, if the stored version
+    /// is still `delivery.version`. Returns the written delivery (version + 1).
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<Delivery>;
+    async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
+    async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
+    async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>>;
+    /// Paused deliveries of an endpoint, oldest first, at most `limit`.
+    async fn paused_deliveries(
+        &self,
+        endpoint: &EndpointId,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>>;
+}
+
+#[async_trait]
+pub trait FailureStore: Send + Sync {
+    /// Store unless the id exists; `true` when this call created it.
+    async fn put_failure_if_absent(&self, failure: &Failure) -> StoreResult<bool>;
+    async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>>;
+}
+
+#[async_trait]
+pub trait CounterStore: Send + Sync {
+    /// Add one to the counter `key` and return the new value. Counters expire after
+    /// `ttl` (hourly windows need not be kept forever).
+    async fn increment(&self, key: &str, ttl: Duration) -> StoreResult<u64>;
+}
+
+/// Everything a handler may read or write. One adapter implements all of it.
+pub trait Store:
+    TenantStore + EndpointStore + EventStore + DeliveryStore + FailureStore + CounterStore
+{
+}
+
+impl<T> Store for T where
+    T: TenantStore + EndpointStore + EventStore + DeliveryStore + FailureStore + CounterStore
+{
+}
+
+/// A message to enqueue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutgoingMessage {
+    pub body: String,
+    /// The fairness group (the tenant): receiving is round-robin over groups.
+    pub group: String,
+    pub delay: Duration,
+    /// Messages sharing a key have at most `limit` in flight (per-endpoint caps).
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: u32,
+}
+
+/// A received message; `receipt` names this receipt of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedMessage {
+    pub receipt: String,
+    pub body: String,
+    pub receive_count: u32,
+}
+
+/// A queue with SQS semantics: received messages are hidden for a visibility timeout
+/// and come back unless deleted, so a crashed consumer loses nothing.
+#[async_trait]
+pub trait MessageQueue: Send + Sync {
+    async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()>;
+    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>>;
+    /// Hide the message for `delay` from now.
+    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()>;
+    async fn delete(&self, receipt: &str) -> StoreResult<()>;
+    /// Longest delay `change_visibility` and `send` accept (SQS: 12 h); `None`: any.
+    fn max_delay(&self) -> Option<Duration>;
+}
+
+/// Sends a message at a time too far off for the queue itself (EventBridge Scheduler).
+#[async_trait]
+pub trait LongDelayScheduler: Send + Sync {
+    async fn schedule(&self, message: OutgoingMessage, at: DateTime<Utc>) -> StoreResult<()>;
+}
+
+/// Something a human must hear about (an alert or an owner notice).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notice {
+    pub kind: String,
+    pub tenant_id: TenantId,
+    pub summary: String,
+    pub details: serde_json::Value,
+}
+
+#[async_trait]
+pub trait Notifier: Send + Sync {
+    async fn notify(&self, notice: &Notice) -> StoreResult<()>;
+}
+
+/// A signed webhook request, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedRequest {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub timeout: Duration,
+}
+
+/// Sends one webhook attempt. Never fails: every problem is a [`TransportResult`].
+#[async_trait]
+pub trait Transport: Send + Sync {
+    async fn send(&self, request: &SignedRequest) -> TransportResult;
+}
+
+/// The ports a runtime hands to the handlers.
+#[derive(Clone)]
+pub struct Services {
+    pub store: Arc<dyn Store>,
+    pub deliveries: Arc<dyn MessageQueue>,
+    pub failures: Arc<dyn MessageQueue>,
+    pub scheduler: Arc<dyn LongDelayScheduler>,
+    pub notifier: Arc<dyn Notifier>,
+    pub transport: Arc<dyn Transport>,
+    pub clock: Arc<dyn Clock>,
+}

@@ -1,0 +1,275 @@
+//! The delivery state machine: pure functions from (delivery, outcome, policy, now,
+//! randomness) to the next delivery state and the actions the runtime must carry out.
+//!
+//! The order is fixed on purpose: [`begin`] marks the delivery `Delivering` and the
+//! runtime persists that *before* sending. That write is what lets a restarted worker
+//! tell "never attempted" from "attempted, outcome unknown", which is the whole
+//! difference between at-least-once (send again) and at-most-once (never send twice).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+
+use crate::delivery::{
+    truncate_utf8, Attempt, Delivery, DeliveryState, Trigger, RESPONSE_EXCERPT_BYTES,
+};
+use crate::endpoint::DeliveryMode;
+use crate::failure::{FailureNotice, FailureReason};
+use crate::ids::AttemptId;
+use crate::outcome::{FailureKind, TransportResult};
+use crate::retry::RetryPolicy;
+use crate::retry_after::parse_retry_after;
+
+/// What the runtime must do after persisting the step's delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Append this attempt to the delivery log.
+    RecordAttempt(Attempt),
+    /// Send the request now (the delivery is persisted as `Delivering` first).
+    Send,
+    /// Make the delivery's message visible again at this time.
+    RequeueAt(DateTime<Utc>),
+    /// Hand the delivery to the failure handler.
+    MoveToFailures(FailureNotice),
+}
+
+/// The next state of a delivery and what to do about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub delivery: Delivery,
+    pub actions: Vec<Action>,
+}
+
+/// Why a queue message leads to no attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Delivered, failed or exhausted: only a resend starts it again.
+    Terminal,
+    /// The message belongs to an earlier generation (a resend has superseded it).
+    StaleGeneration,
+    /// Another worker's attempt may still be running until this time.
+    Busy(DateTime<Utc>),
+    /// At-most-once and already started: it is never started again.
+    AlreadyStarted,
+}
+
+/// What one finished attempt looked like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptReport {
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+    pub result: TransportResult,
+}
+
+const INTERRUPTED_ERROR: &str = "interrupted: the worker stopped before the outcome was known";
+
+/// Decide whether the message for `delivery` (of `generation`) starts an attempt.
+/// `lease` is how long the attempt may take before another worker may presume it dead.
+pub fn begin(
+    delivery: &Delivery,
+    generation: u32,
+    mode: DeliveryMode,
+    policy: &RetryPolicy,
+    lease: Duration,
+    now: DateTime<Utc>,
+) -> Result<Step, Skip> {
+    if generation < delivery.generation {
+        return Err(Skip::StaleGeneration);
+    }
+    if delivery.state.is_terminal() {
+        return Err(Skip::Terminal);
+    }
+    let mut next = delivery.clone();
+    let mut actions = Vec::new();
+    if delivery.state == DeliveryState::Delivering {
+        if let Some(until) = delivery.lease_until.filter(|until| *until > now) {
+            return Err(Skip::Busy(until));
+        }
+        // The worker that started this attempt died: its outcome is unknown.
+        actions.push(Action::RecordAttempt(interrupted_attempt(delivery)));
+        next.last_error = Some(INTERRUPTED_ERROR.to_owned());
+        next.last_status_code = None;
+        let reason = match mode {
+            DeliveryMode::AtMostOnce => Some(FailureReason::AtMostOnce),
+            DeliveryMode::AtLeastOnce if delivery.attempt_count >= policy.max_attempts() => {
+                Some(FailureReason::Exhausted)
+            }
+            DeliveryMode::AtLeastOnce => None,
+        };
+        if let Some(reason) = reason {
+            return Ok(give_up(next, actions, reason, now));
+        }
+    } else if mode == DeliveryMode::AtMostOnce && delivery.attempt_count > 0 {
+        return Err(Skip::AlreadyStarted);
+    }
+    next.state = DeliveryState::Delivering;
+    next.attempt_count += 1;
+    next.lease_until = Some(now + lease);
+    next.next_attempt_at = None;
+    next.updated_at = now;
+    actions.push(Action::Send);
+    Ok(Step {
+        delivery: next,
+        actions,
+    })
+}
+
+/// The state after the attempt `begin` started has finished.
+pub fn complete<R: Rng + ?Sized>(
+    delivery: &Delivery,
+    report: &AttemptReport,
+    mode: DeliveryMode,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+    rng: &mut R,
+) -> Step {
+    let mut next = delivery.clone();
+    next.lease_until = None;
+    next.updated_at = now;
+    next.last_status_code = report.result.status();
+    let kind = report.result.failure_kind();
+    let attempt = attempt_from_report(delivery, report, kind);
+    next.last_error = attempt.error.clone();
+    let mut actions = vec![Action::RecordAttempt(attempt)];
+
+    let Some(kind) = kind else {
+        next.state = DeliveryState::Delivered;
+        next.delivered_at = Some(now);
+        next.next_attempt_at = None;
+        return Step {
+            delivery: next,
+            actions,
+        };
+    };
+    if mode == DeliveryMode::AtMostOnce {
+        return give_up(next, actions, FailureReason::AtMostOnce, now);
+    }
+    if !policy.is_retryable(kind, report.result.status()) {
+        return give_up(next, actions, FailureReason::NotRetryable, now);
+    }
+    let retry_after = match &report.result {
+        TransportResult::Response {
+            retry_after: Some(value),
+            ..
+        } => parse_retry_after(value, now),
+        _ => None,
+    };
+    match policy.next_delay(delivery.attempt_count, rng, retry_after) {
+        Some(delay) => {
+            let at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            next.state = DeliveryState::Retrying;
+            next.next_attempt_at = Some(at);
+            actions.push(Action::RequeueAt(at));
+            Step {
+                delivery: next,
+                actions,
+            }
+        }
+        None => give_up(next, actions, FailureReason::Exhausted, now),
+    }
+}
+
+/// "Try now": a new generation, counter reset, same event id.
+pub fn resend(delivery: &Delivery, now: DateTime<Utc>) -> Delivery {
+    let mut next = delivery.clone();
+    next.generation += 1;
+    next.attempt_count = 0;
+    next.state = DeliveryState::Pending;
+    next.trigger = Trigger::Manual;
+    next.next_attempt_at = Some(now);
+    next.lease_until = None;
+    next.delivered_at = None;
+    next.updated_at = now;
+    next
+}
+
+/// The endpoint is disabled: keep the delivery, attempt nothing until re-enabled.
+pub fn pause(delivery: &Delivery, now: DateTime<Utc>) -> Delivery {
+    let mut next = delivery.clone();
+    next.state = DeliveryState::Paused;
+    next.next_attempt_at = None;
+    next.lease_until = None;
+    next.updated_at = now;
+    next
+}
+
+fn give_up(
+    mut next: Delivery,
+    mut actions: Vec<Action>,
+    reason: FailureReason,
+    now: DateTime<Utc>,
+) -> Step {
+    next.state = match reason {
+        FailureReason::Exhausted => DeliveryState::Exhausted,
+        FailureReason::NotRetryable | FailureReason::AtMostOnce => DeliveryState::Failed,
+    };
+    next.next_attempt_at = None;
+    next.lease_until = None;
+    next.updated_at = now;
+    actions.push(Action::MoveToFailures(FailureNotice {
+        delivery_id: next.id.clone(),
+        tenant_id: next.tenant_id.clone(),
+        generation: next.generation,
+        reason,
+        failed_at: now,
+    }));
+    Step {
+        delivery: next,
+        actions,
+    }
+}
+
+fn interrupted_attempt(delivery: &Delivery) -> Attempt {
+    Attempt {
+        id: AttemptId::generate(),
+        delivery_id: delivery.id.clone(),
+        tenant_id: delivery.tenant_id.clone(),
+        generation: delivery.generation,
+        number: delivery.attempt_count,
+        started_at: delivery.updated_at,
+        duration_ms: 0,
+        status_code: None,
+        failure_kind: Some(FailureKind::Interrupted),
+        error: Some(INTERRUPTED_ERROR.to_owned()),
+        response_excerpt: None,
+        trigger: delivery.trigger,
+    }
+}
+
+fn attempt_from_report(
+    delivery: &Delivery,
+    report: &AttemptReport,
+    kind: Option<FailureKind>,
+) -> Attempt {
+    let (status_code, error, excerpt) = match &report.result {
+        TransportResult::Response {
+            status, excerpt, ..
+        } => (
+            Some(*status),
+            kind.map(|k| format!("{}: HTTP {status}", k.as_str())),
+            Some(truncate_utf8(excerpt, RESPONSE_EXCERPT_BYTES).to_owned()),
+        ),
+        TransportResult::Failed { kind, message } => {
+            (None, Some(format!("{}: {message}", kind.as_str())), None)
+        }
+    };
+    Attempt {
+        id: AttemptId::generate(),
+        delivery_id: delivery.id.clone(),
+        tenant_id: delivery.tenant_id.clone(),
+        generation: delivery.generation,
+        number: delivery.attempt_count,
+        started_at: report.started_at,
+        duration_ms: report.duration.as_millis() as u64,
+        status_code,
+        failure_kind: kind,
+        error,
+        response_excerpt: excerpt,
+        trigger: delivery.trigger,
+    }
+}
+
+#[cfg(test)]
+#[path = "state_machine_tests.rs"]
+mod tests;
