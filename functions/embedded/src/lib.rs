@@ -1,1 +1,8 @@
-pub fn x() {}
+//! The embedded runtime: Entrega on one machine. SQLite adapters implement the core's
+//! ports, pollers play the parts Lambda's event source mappings play on AWS, and the
+//! `entrega` binary wires it all to the shared API router.
+
+pub mod notifier;
+pub mod runtime;
+pub mod serve;
+pub mod sqlite;

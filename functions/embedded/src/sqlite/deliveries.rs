@@ -1,0 +1,214 @@
+//! Deliveries and their attempts in SQLite.
+
+use async_trait::async_trait;
+use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
+use entrega_core::ids::{DeliveryId, EndpointId, EventId};
+use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+
+use super::{ts, DbError, SqliteStore};
+
+fn state_name(state: DeliveryState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .expect("a state serialises to a string")
+}
+
+fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
+    let json: Option<String> = conn
+        .query_row("SELECT json FROM deliveries WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+}
+
+fn read_many(conn: &Connection, sql: &str, args: Vec<SqlValue>) -> Result<Vec<Delivery>, DbError> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt
+        .query_map(params_from_iter(args), |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows
+        .iter()
+        .map(|j| serde_json::from_str(j))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+#[async_trait]
+impl DeliveryStore for SqliteStore {
+    async fn create_delivery_if_absent(&self, delivery: &Delivery) -> StoreResult<Delivery> {
+        let d = delivery.clone();
+        self.db
+            .call(move |conn| {
+                conn.execute(
+                    "INSERT INTO deliveries
+                       (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                     ON CONFLICT (id) DO NOTHING",
+                    params![
+                        d.id.as_str(),
+                        d.tenant_id.as_str(),
+                        d.endpoint_id.as_str(),
+                        d.event_id.as_str(),
+                        d.event_type,
+                        state_name(d.state),
+                        d.state.status().as_str(),
+                        ts(d.created_at),
+                        d.version as i64,
+                        serde_json::to_string(&d)?,
+                    ],
+                )?;
+                read_delivery(conn, d.id.as_str())?
+                    .ok_or_else(|| DbError::Conflict("delivery vanished after insert".into()))
+            })
+            .await
+    }
+
+    async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let id = id.to_string();
+        self.db.call(move |conn| read_delivery(conn, &id)).await
+    }
+
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<Delivery> {
+        let mut next = delivery.clone();
+        next.version += 1;
+        let attempts = attempts.to_vec();
+        self.db
+            .call(move |conn| {
+                // The state and the attempts that led to it commit together, so the log
+                // never shows a state without the attempt that explains it.
+                let tx = conn.transaction()?;
+                let n = tx.execute(
+                    "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5
+                     WHERE id = ?1 AND version = ?6",
+                    params![
+                        next.id.as_str(),
+                        state_name(next.state),
+                        next.state.status().as_str(),
+                        next.version as i64,
+                        serde_json::to_string(&next)?,
+                        (next.version - 1) as i64,
+                    ],
+                )?;
+                if n == 0 {
+                    return Err(DbError::Conflict(format!(
+                        "delivery {} changed meanwhile",
+                        next.id
+                    )));
+                }
+                for a in &attempts {
+                    tx.execute(
+                        "INSERT INTO attempts (id, delivery_id, json) VALUES (?1, ?2, ?3)",
+                        params![
+                            a.id.as_str(),
+                            a.delivery_id.as_str(),
+                            serde_json::to_string(a)?
+                        ],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(next)
+            })
+            .await
+    }
+
+    async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                let mut stmt = conn.prepare("SELECT json FROM attempts WHERE delivery_id = ?1")?;
+                let rows = stmt
+                    .query_map([id], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut attempts = rows
+                    .iter()
+                    .map(|j| serde_json::from_str::<Attempt>(j))
+                    .collect::<Result<Vec<_>, _>>()?;
+                attempts.sort_by_key(|a| (a.generation, a.number, a.started_at));
+                Ok(attempts)
+            })
+            .await
+    }
+
+    async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
+        let q = query.clone();
+        self.db
+            .call(move |conn| {
+                let mut sql = String::from("SELECT json FROM deliveries WHERE 1 = 1");
+                let mut args: Vec<SqlValue> = Vec::new();
+                let mut filter = |clause: &str, value: SqlValue| {
+                    args.push(value);
+                    sql.push_str(&format!(" AND {clause} ?{}", args.len()));
+                };
+                if let Some(t) = &q.tenant {
+                    filter("tenant_id =", SqlValue::Text(t.to_string()));
+                }
+                if let Some(e) = &q.endpoint_id {
+                    filter("endpoint_id =", SqlValue::Text(e.to_string()));
+                }
+                if let Some(t) = &q.event_type {
+                    filter("event_type =", SqlValue::Text(t.clone()));
+                }
+                if let Some(s) = q.status {
+                    filter("status =", SqlValue::Text(s.as_str().into()));
+                }
+                if let Some(s) = q.since {
+                    filter("created_at >=", SqlValue::Text(ts(s)));
+                }
+                if let Some(u) = q.until {
+                    filter("created_at <", SqlValue::Text(ts(u)));
+                }
+                if let Some(c) = &q.cursor {
+                    filter("id <", SqlValue::Text(c.clone()));
+                }
+                args.push(SqlValue::Integer(q.limit as i64 + 1));
+                sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
+                let mut data = read_many(conn, &sql, args)?;
+                let next_cursor = if data.len() > q.limit {
+                    data.truncate(q.limit);
+                    data.last().map(|d| d.id.to_string())
+                } else {
+                    None
+                };
+                Ok(Page { data, next_cursor })
+            })
+            .await
+    }
+
+    async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                read_many(
+                    conn,
+                    "SELECT json FROM deliveries WHERE event_id = ?1 ORDER BY id",
+                    vec![SqlValue::Text(id)],
+                )
+            })
+            .await
+    }
+
+    async fn paused_deliveries(
+        &self,
+        endpoint: &EndpointId,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        let endpoint = endpoint.to_string();
+        self.db
+            .call(move |conn| {
+                read_many(
+                    conn,
+                    "SELECT json FROM deliveries WHERE endpoint_id = ?1 AND state = 'paused'
+                     ORDER BY id LIMIT ?2",
+                    vec![SqlValue::Text(endpoint), SqlValue::Integer(limit as i64)],
+                )
+            })
+            .await
+    }
+}

@@ -1,0 +1,82 @@
+//! The outbox in SQLite, and the embedded trigger's reading position in it.
+
+use async_trait::async_trait;
+use entrega_core::event::Event;
+use entrega_core::ids::EventId;
+use entrega_core::ports::{EventStore, Published, StoreResult};
+use rusqlite::{params, OptionalExtension};
+
+use super::SqliteStore;
+
+/// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
+/// interleaved with everyone else's instead of ahead of it.
+const OUTBOX_ROWS_PER_TENANT: i64 = 20;
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn publish(&self, event: &Event) -> StoreResult<Published> {
+        let json = serde_json::to_string(event).expect("an event serialises");
+        let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
+        self.db
+            .call(move |conn| {
+                let inserted = conn.execute(
+                    "INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (id) DO NOTHING",
+                    params![id, tenant, json],
+                )?;
+                if inserted == 1 {
+                    return Ok(Published::Created);
+                }
+                let existing: String =
+                    conn.query_row("SELECT json FROM outbox WHERE id = ?1", [id], |r| r.get(0))?;
+                Ok(Published::Existing(serde_json::from_str(&existing)?))
+            })
+            .await
+    }
+
+    async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                let json: Option<String> = conn
+                    .query_row("SELECT json FROM outbox WHERE id = ?1", [id], |r| r.get(0))
+                    .optional()?;
+                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// Events committed but not yet fanned out, up to `limit`, fair across tenants.
+    pub async fn outbox_waiting(&self, limit: usize) -> StoreResult<Vec<Event>> {
+        self.db
+            .call(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM (
+                         SELECT json, seq, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY seq) AS rank
+                         FROM outbox WHERE fanned_out = 0)
+                     WHERE rank <= ?1 ORDER BY rank, seq LIMIT ?2",
+                )?;
+                let rows = stmt
+                    .query_map(params![OUTBOX_ROWS_PER_TENANT, limit as i64], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows
+                    .iter()
+                    .map(|j| serde_json::from_str(j))
+                    .collect::<Result<Vec<_>, _>>()?)
+            })
+            .await
+    }
+
+    /// Record that `id` has been fanned out (after its deliveries are queued).
+    pub async fn mark_fanned_out(&self, id: &EventId) -> StoreResult<()> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                conn.execute("UPDATE outbox SET fanned_out = 1 WHERE id = ?1", [id])?;
+                Ok(())
+            })
+            .await
+    }
+}

@@ -1,0 +1,148 @@
+//! The SQLite adapters: one database file holds the store (tenants, keys, endpoints,
+//! the outbox, deliveries, attempts, failures, counters) and the two queues.
+//!
+//! One connection behind a mutex, used from tokio's blocking pool: SQLite serialises
+//! writers anyway, and a single connection makes every transaction's view simple.
+//! WAL mode keeps readers (`sqlite3` in another shell) from blocking the runtime.
+
+mod deliveries;
+mod endpoints;
+mod events;
+mod failures;
+pub mod queue;
+mod schema;
+mod tenants;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use entrega_core::ports::{Clock, StoreError, StoreResult};
+use rusqlite::Connection;
+
+/// How long a statement waits for a lock held by another connection (an operator's
+/// `sqlite3` shell) before failing.
+const BUSY_TIMEOUT_MS: u32 = 5_000;
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct SqliteDb {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteDb {
+    /// Open (creating if needed) the database at `path` and bring its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS
+        // crash or power loss may lose the last transactions.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
+        conn.execute_batch(schema::SCHEMA)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Run `f` on the connection in the blocking pool.
+    pub async fn call<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("database task failed: {e}")))?
+        .map_err(StoreError::from)
+    }
+}
+
+/// Errors inside a database call: SQLite's, or a domain conflict.
+#[derive(Debug)]
+pub enum DbError {
+    Sql(rusqlite::Error),
+    Json(serde_json::Error),
+    Conflict(String),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<serde_json::Error> for DbError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Json(e)
+    }
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Sql(e) => StoreError::Backend(format!("sqlite: {e}")),
+            DbError::Json(e) => StoreError::Backend(format!("stored record unreadable: {e}")),
+            DbError::Conflict(what) => StoreError::Conflict(what),
+        }
+    }
+}
+
+/// Whether an insert failed on a uniqueness constraint.
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(err, _)
+            if err.code == rusqlite::ErrorCode::ConstraintViolation
+    )
+}
+
+/// Timestamps are stored in the API's format: fixed width, so they sort as text.
+fn ts(t: DateTime<Utc>) -> String {
+    entrega_core::event::format_timestamp(t)
+}
+
+/// The store: every store port over one database.
+#[derive(Clone)]
+pub struct SqliteStore {
+    db: SqliteDb,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteStore {
+    pub fn new(db: SqliteDb, clock: Arc<dyn Clock>) -> Self {
+        Self { db, clock }
+    }
+
+    /// After a crash (or `kill -9`) no attempt of the previous process is running: the
+    /// database is locked to one process, so every lease it held is void. Clearing them
+    /// lets the restarted worker resume at once instead of waiting them out.
+    pub async fn release_dead_leases(&self) -> StoreResult<usize> {
+        self.db
+            .call(|conn| {
+                Ok(conn.execute(
+                    "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null'))
+                     WHERE state = 'delivering'",
+                    [],
+                )?)
+            })
+            .await
+    }
+
+    /// Whether any admin key is registered (so a first start generates one).
+    pub async fn admin_key_exists(&self) -> StoreResult<bool> {
+        self.db
+            .call(|conn| {
+                Ok(conn.query_row(
+                    "SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = '{\"kind\":\"admin\"}')",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+}

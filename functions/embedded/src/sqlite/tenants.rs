@@ -1,0 +1,85 @@
+//! Tenants and API keys in SQLite.
+
+use async_trait::async_trait;
+use entrega_core::ids::TenantId;
+use entrega_core::ports::{StoreResult, TenantStore};
+use entrega_core::tenant::{Principal, Tenant};
+use rusqlite::{params, OptionalExtension};
+
+use super::{is_unique_violation, DbError, SqliteStore};
+
+#[async_trait]
+impl TenantStore for SqliteStore {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
+        let json = serde_json::to_string(tenant).expect("a tenant serialises");
+        let principal = serde_json::to_string(&Principal::Tenant(tenant.id.clone()))
+            .expect("a principal serialises");
+        let (id, hash) = (tenant.id.to_string(), api_key_hash.to_owned());
+        self.db
+            .call(move |conn| {
+                // The tenant and its key commit together: no tenant without a way in.
+                let tx = conn.transaction()?;
+                tx.execute(
+                    "INSERT INTO tenants (id, json) VALUES (?1, ?2)",
+                    params![id, json],
+                )
+                .map_err(|e| {
+                    if is_unique_violation(&e) {
+                        DbError::Conflict(format!("tenant {id} exists"))
+                    } else {
+                        e.into()
+                    }
+                })?;
+                tx.execute(
+                    "INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)",
+                    params![hash, principal],
+                )?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                let json: Option<String> = conn
+                    .query_row("SELECT json FROM tenants WHERE id = ?1", [id], |r| r.get(0))
+                    .optional()?;
+                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+            })
+            .await
+    }
+
+    async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {
+        let principal = serde_json::to_string(principal).expect("a principal serialises");
+        let hash = api_key_hash.to_owned();
+        self.db
+            .call(move |conn| {
+                conn.execute(
+                    "INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)
+                     ON CONFLICT (hash) DO UPDATE SET principal = excluded.principal",
+                    params![hash, principal],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
+        let hash = api_key_hash.to_owned();
+        self.db
+            .call(move |conn| {
+                let json: Option<String> = conn
+                    .query_row(
+                        "SELECT principal FROM api_keys WHERE hash = ?1",
+                        [hash],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+            })
+            .await
+    }
+}

@@ -1,0 +1,96 @@
+//! Bearer-key authentication and tenant isolation.
+//!
+//! Keys are looked up by their SHA-256 hash; the key itself is never stored or logged.
+//! A tenant key sees only its tenant's resources, and another tenant's resource is a
+//! 404 (not a 403), so ids cannot be probed across tenants.
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use entrega_core::ids::TenantId;
+use entrega_core::tenant::{hash_api_key, Principal};
+
+use super::problem::{ApiError, ApiResult};
+use super::AppState;
+
+/// Who is calling, established from the `Authorization` header.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub principal: Principal,
+    /// The key's hash: identifies the caller for rate limits and audit without the key.
+    pub key_hash: String,
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
+        let key = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(ApiError::unauthorized)?;
+        let key_hash = hash_api_key(key);
+        let principal = state
+            .services
+            .store
+            .principal_for_key(&key_hash)
+            .await?
+            .ok_or_else(ApiError::unauthorized)?;
+        Ok(Caller {
+            principal,
+            key_hash,
+        })
+    }
+}
+
+impl Caller {
+    pub fn is_admin(&self) -> bool {
+        self.principal == Principal::Admin
+    }
+
+    pub fn require_admin(&self) -> ApiResult<()> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("this route needs an admin key"))
+        }
+    }
+
+    /// Whether a resource of `tenant` exists for this caller.
+    pub fn can_see(&self, tenant: &TenantId) -> bool {
+        match &self.principal {
+            Principal::Admin => true,
+            Principal::Tenant(own) => own == tenant,
+        }
+    }
+
+    /// The tenant a list is limited to: the caller's own, or for admin the one asked
+    /// for (`None`: all tenants).
+    pub fn list_scope(&self, asked: Option<TenantId>) -> Option<TenantId> {
+        match &self.principal {
+            Principal::Admin => asked,
+            Principal::Tenant(own) => Some(own.clone()),
+        }
+    }
+
+    /// The tenant a new resource belongs to: the caller's own; an admin must name one.
+    pub fn owning_tenant(&self, asked: Option<TenantId>) -> ApiResult<TenantId> {
+        match (&self.principal, asked) {
+            (Principal::Tenant(own), None) => Ok(own.clone()),
+            (Principal::Tenant(own), Some(t)) if &t == own => Ok(t),
+            (Principal::Tenant(_), Some(_)) => Err(ApiError::invalid(
+                "tenant_id",
+                "a tenant key acts only for its own tenant",
+            )),
+            (Principal::Admin, Some(t)) => Ok(t),
+            (Principal::Admin, None) => Err(ApiError::invalid(
+                "tenant_id",
+                "an admin key must say which tenant the resource belongs to",
+            )),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Request extractors whose failures are problem+json naming the field at fault:
+//! axum's own rejections are plain text and often do not say which field.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::problem::ApiError;
+
+/// Largest request body: the event payload limit plus room for the envelope.
+pub const MAX_BODY_BYTES: usize = entrega_core::event::MAX_PAYLOAD_BYTES + 4 * 1024;
+
+/// A JSON body, parsed with the path of any bad field reported.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|_| ApiError::too_large(entrega_core::event::MAX_PAYLOAD_BYTES))?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Parse `bytes` as `T`; an empty body reads as `{}` (for routes whose fields are
+/// all optional).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!(
+                "the body is not valid JSON for this route: {inner}"
+            ))
+        } else {
+            ApiError::invalid(&path, inner)
+        }
+    })
+}
+
+/// Query parameters as a map; each route reads and validates the ones it knows.
+pub struct QueryMap(pub std::collections::HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or("");
+        let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        Ok(QueryMap(pairs.into_iter().collect()))
+    }
+}
+
+impl QueryMap {
+    /// Parse parameter `name` if present, naming it in the error otherwise.
+    pub fn parse<T: std::str::FromStr>(
+        &self,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<T>, ApiError> {
+        match self.0.get(name) {
+            None => Ok(None),
+            Some(raw) => raw
+                .parse()
+                .map(Some)
+                .map_err(|_| ApiError::invalid(name, format!("expected {what}"))),
+        }
+    }
+}

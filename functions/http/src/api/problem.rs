@@ -1,0 +1,149 @@
+//! API errors as RFC 9457 `application/problem+json`, each naming what was wrong.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use entrega_core::ports::StoreError;
+use serde::Serialize;
+
+/// An error the API returns. Nothing a client sends may produce a 5xx: only a failing
+/// backend does, and then with a generic detail (internals stay in the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub title: &'static str,
+    pub detail: String,
+    /// The request field at fault, when there is one.
+    pub field: Option<String>,
+    /// Seconds to wait, for 429.
+    pub retry_after: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            title,
+            detail: detail.into(),
+            field: None,
+            retry_after: None,
+        }
+    }
+
+    /// A field's value is not acceptable (422).
+    pub fn invalid(field: &str, detail: impl std::fmt::Display) -> Self {
+        let mut e = Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid field",
+            format!("`{field}`: {detail}"),
+        );
+        e.field = Some(field.to_owned());
+        e
+    }
+
+    /// The body is not the JSON this route takes (400).
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "Bad request", detail)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "send `Authorization: Bearer <api key>` with a valid key",
+        )
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", detail)
+    }
+
+    /// Also what another tenant's resource looks like: it does not exist for you.
+    pub fn not_found(what: &str, id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no {what} `{id}`"),
+        )
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "Conflict", detail)
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Payload too large",
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn too_many_requests(retry_after: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many requests",
+            format!("rate limit reached; retry in {retry_after} s"),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Backend unavailable",
+            "the store did not answer; nothing was lost, retry the request",
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict(detail) => Self::conflict(detail),
+            StoreError::Backend(detail) => {
+                tracing::error!(error = %detail, "store failure");
+                Self::internal()
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ProblemBody {
+            kind: "about:blank",
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            field: self.field.as_deref(),
+        };
+        let mut response = (
+            self.status,
+            serde_json::to_string(&body).expect("a problem serialises"),
+        )
+            .into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
