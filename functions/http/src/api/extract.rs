@@ -37,7 +37,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if path == "." || inner.is_syntax() || inner.is_eof() {
+        if let Some(field) = missing_field(&inner.to_string()) {
+            let field = if path == "." {
+                field
+            } else {
+                format!("{path}.{field}")
+            };
+            ApiError::invalid(&field, "is required")
+        } else if path == "." || inner.is_syntax() || inner.is_eof() {
             ApiError::bad_request(format!(
                 "the body is not valid JSON for this route: {inner}"
             ))
@@ -45,6 +52,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ApiError::invalid(&path, inner)
         }
     })
+}
+
+/// serde reports a missing field as "missing field `name`": name it like any other.
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("missing field `")?;
+    Some(rest.split('`').next()?.to_owned())
 }
 
 /// Query parameters as a map; each route reads and validates the ones it knows.

@@ -1,0 +1,118 @@
+//! Bad input gets a clear problem+json naming the field, never a 5xx.
+
+use serde_json::json;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_are_clear_problems() {
+    let dir = TempDir::new("errors");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let nobody = Api {
+        key: "ent_wrong".into(),
+        ..acme.clone()
+    };
+    let (status, _) = nobody.get("/v1/endpoints").await;
+    assert_eq!(status, 401);
+    let raw = reqwest::get(format!("{}/v1/endpoints", server.base))
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 401);
+    assert_eq!(raw.headers()["content-type"], "application/problem+json");
+
+    let cases = [
+        (
+            json!({"url": "https://x.example.com/", "timeout_ms": 60000}),
+            "timeout_ms",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "max_concurrency": 0}),
+            "max_concurrency",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "event_types": ["lead..x"]}),
+            "event_types",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "retry": {"delays_s": [1], "jitter": 0.9}}),
+            "retry",
+        ),
+        (
+            json!({"url": "https://x.example.com/", "mode": "twice"}),
+            "mode",
+        ),
+        (json!({"url": 7}), "url"),
+        (json!({"url": "not a url"}), "url"),
+    ];
+    for (body, field) in cases {
+        let (status, problem) = acme.post("/v1/endpoints", body.clone()).await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+        assert!(!problem["detail"].as_str().unwrap().is_empty());
+    }
+    let (status, problem) = acme
+        .post(
+            "/v1/endpoints",
+            json!({"url": "https://x.example.com/", "colour": "red"}),
+        )
+        .await;
+    assert!(status == 400 || status == 422, "{problem}");
+
+    let (status, problem) = acme
+        .post("/v1/events", json!({"type": "bad type!", "data": {}}))
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("type")));
+    let (status, problem) = acme
+        .post(
+            "/v1/events",
+            json!({"type": "a.b", "data": {}, "id": "has.dot"}),
+        )
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("id")));
+    let (status, _) = acme.post("/v1/events", json!({"type": "a.b"})).await;
+    assert_eq!(status, 422, "data is required");
+
+    let big = "x".repeat(300 * 1024);
+    let (status, problem) = acme
+        .post("/v1/events", json!({"type": "a.b", "data": {"blob": big}}))
+        .await;
+    assert_eq!(status, 413, "{problem}");
+    let just_under = "x".repeat(255 * 1024);
+    let (status, _) = acme
+        .post("/v1/events", json!({"type": "a.b", "data": just_under}))
+        .await;
+    assert_eq!(status, 202, "a payload under 256 KiB is accepted whole");
+
+    let garbage = acme
+        .client
+        .post(format!("{}/v1/events", server.base))
+        .bearer_auth(&acme.key)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(garbage.status(), 400);
+
+    for path in [
+        "/v1/deliveries?status=lost",
+        "/v1/deliveries?limit=0",
+        "/v1/deliveries?since=yesterday",
+        "/v1/deliveries?endpoint_id=nope",
+    ] {
+        let (status, problem) = acme.get(path).await;
+        assert_eq!(status, 422, "{path}: {problem}");
+    }
+    for path in [
+        "/v1/endpoints/ep_nope",
+        "/v1/deliveries/dlv_x",
+        "/v1/events/e.v",
+        "/v1/nothing",
+    ] {
+        let (status, _) = acme.get(path).await;
+        assert_eq!(status, 404, "{path}");
+    }
+    let (status, health) = acme.get("/healthz").await;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+}

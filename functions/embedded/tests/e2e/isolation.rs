@@ -1,0 +1,78 @@
+//! Tenant isolation: another tenant's resources do not exist for you (404).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenant_b_cannot_see_or_change_tenant_a() {
+    let dir = TempDir::new("isolation");
+    let server = Server::start(&dir);
+    let (a_id, a) = server.admin().tenant("A").await;
+    let (_, b) = server.admin().tenant("B").await;
+    let receiver = Receiver::answering(200).await;
+    let ep = a.endpoint(json!({"url": receiver.url("/")})).await;
+    let ep_id = ep["id"].as_str().unwrap();
+    let evt = a.publish("a.b", json!({"secret": "of A"})).await;
+    let dlv = eventually(Duration::from_secs(5), "delivery", || async {
+        a.deliveries_of(&evt)
+            .await
+            .first()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+
+    for (method, path, body) in [
+        ("GET", format!("/v1/endpoints/{ep_id}"), None),
+        (
+            "PATCH",
+            format!("/v1/endpoints/{ep_id}"),
+            Some(json!({"url": "https://evil.example.com/"})),
+        ),
+        ("POST", format!("/v1/endpoints/{ep_id}/rotate-secret"), None),
+        ("DELETE", format!("/v1/endpoints/{ep_id}"), None),
+        ("GET", format!("/v1/events/{evt}"), None),
+        ("GET", format!("/v1/deliveries/{dlv}"), None),
+    ] {
+        let (status, problem) = b.call(method, &path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {problem}");
+    }
+    let (_, list) = b.get("/v1/endpoints").await;
+    assert!(list["data"].as_array().unwrap().is_empty());
+    let (_, list) = b.get(&format!("/v1/deliveries?tenant_id={a_id}")).await;
+    assert!(
+        list["data"].as_array().unwrap().is_empty(),
+        "a tenant key ignores tenant_id"
+    );
+    let (status, _) = b
+        .post(
+            "/v1/events",
+            json!({"type": "a.b", "data": {}, "tenant_id": a_id}),
+        )
+        .await;
+    assert_eq!(
+        status, 422,
+        "a tenant key cannot publish for another tenant"
+    );
+    let (status, _) = b
+        .post("/v1/events", json!({"type": "a.b", "data": {}, "id": evt}))
+        .await;
+    assert_eq!(status, 409, "A's event id cannot be reused by B");
+    let (status, _) = b
+        .post(
+            "/v1/tenants",
+            json!({"name": "C", "owner_email": "c@example.com"}),
+        )
+        .await;
+    assert_eq!(status, 403, "only admin creates tenants");
+
+    // A still owns everything, unchanged.
+    let (status, still) = a.get(&format!("/v1/endpoints/{ep_id}")).await;
+    assert_eq!((status, &still["url"]), (200, &ep["url"]));
+    assert_eq!(still["secret"], ep["secret"]);
+    // And the admin sees across tenants.
+    let (status, _) = server.admin().get(&format!("/v1/deliveries/{dlv}")).await;
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,10 @@
+//! End to end over real sockets: the `entrega` binary, real receivers on loopback.
+
+mod api_errors;
+mod crash;
+mod delivery;
+mod fairness;
+mod harness;
+mod isolation;
+mod retries;
+mod ssrf;
