@@ -189,3 +189,6 @@ fn failed(error: &reqwest::Error) -> TransportResult {
     }
     TransportResult::Failed { kind, message }
 }
+
+#[cfg(test)]
+mod tests;
