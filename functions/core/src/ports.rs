@@ -238,3 +238,28 @@ pub struct Services {
     pub transport: Arc<dyn Transport>,
     pub clock: Arc<dyn Clock>,
 }
+
+/// A clock that moves only when told: simulations run days of retries in milliseconds.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: std::sync::Mutex<DateTime<Utc>>,
+}
+
+impl ManualClock {
+    pub fn new(start: DateTime<Utc>) -> Self {
+        Self {
+            now: std::sync::Mutex::new(start),
+        }
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
+        *now += chrono::Duration::from_std(by).expect("a representable duration");
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

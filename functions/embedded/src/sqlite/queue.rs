@@ -285,3 +285,7 @@ impl LongDelayScheduler for SqliteQueue {
         self.send(vec![message]).await
     }
 }
+
+#[cfg(test)]
+#[path = "queue_tests.rs"]
+mod tests;
