@@ -153,6 +153,14 @@ impl DeliveryId {
     }
 }
 
+impl DeliveryId {
+    /// The creation time in the id (unix ms): ids of a day share a log partition.
+    pub fn timestamp_ms(&self) -> i64 {
+        i64::from_str_radix(&self.0[Self::PREFIX.len()..Self::PREFIX.len() + 12], 16)
+            .expect("a validated id has 12 hex digits of time")
+    }
+}
+
 impl FailureId {
     /// The failure record of one delivery's `generation` (each resend is a new
     /// generation): a redelivered failure message finds the record it already wrote.
@@ -273,6 +281,7 @@ mod tests {
         assert_eq!(a, DeliveryId::for_event(&evt, &e1, 1_700_000_000_000));
         assert_ne!(a, DeliveryId::for_event(&evt, &e2, 1_700_000_000_000));
         assert!(a < DeliveryId::for_event(&evt, &e1, 1_700_000_000_001));
+        assert_eq!(a.timestamp_ms(), 1_700_000_000_000);
         let parsed = Uuid::parse_str(&a.as_str()[4..]).unwrap();
         assert_eq!(parsed.get_version_num(), 7);
         assert_eq!(a.as_str().parse::<DeliveryId>().unwrap(), a);

@@ -37,8 +37,9 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
             // Only a never-attempted delivery needs its first message; anything further
             // along already has one (or is paused until its endpoint is re-enabled).
             if stored.state == DeliveryState::Pending && stored.attempt_count == 0 {
-                messages
-                    .push(DeliveryTask::for_delivery(&stored).message(endpoint, Duration::ZERO));
+                messages.push(
+                    DeliveryTask::for_delivery(&stored, endpoint).message(endpoint, Duration::ZERO),
+                );
             }
         }
         if !messages.is_empty() {

@@ -26,7 +26,7 @@ pub async fn resume_paused(services: &Services, endpoint: &Endpoint) -> StoreRes
         // with a message (the worker starts it anyway), never a pending one without.
         let messages = paused
             .iter()
-            .map(|d| DeliveryTask::for_delivery(d).message(endpoint, Duration::ZERO))
+            .map(|d| DeliveryTask::for_delivery(d, endpoint).message(endpoint, Duration::ZERO))
             .collect();
         services.deliveries.send(messages).await?;
         let now = services.clock.now();

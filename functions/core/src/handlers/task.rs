@@ -15,15 +15,24 @@ pub struct DeliveryTask {
     pub tenant_id: TenantId,
     pub endpoint_id: EndpointId,
     pub generation: u32,
+    /// The endpoint's concurrency cap when the task was queued: a Lambda batch uses it
+    /// to bound its own concurrency per endpoint.
+    #[serde(default = "default_cap")]
+    pub max_concurrency: u32,
+}
+
+fn default_cap() -> u32 {
+    crate::endpoint::DEFAULT_MAX_CONCURRENCY
 }
 
 impl DeliveryTask {
-    pub fn for_delivery(delivery: &Delivery) -> Self {
+    pub fn for_delivery(delivery: &Delivery, endpoint: &Endpoint) -> Self {
         Self {
             delivery_id: delivery.id.clone(),
             tenant_id: delivery.tenant_id.clone(),
             endpoint_id: delivery.endpoint_id.clone(),
             generation: delivery.generation,
+            max_concurrency: endpoint.max_concurrency,
         }
     }
 

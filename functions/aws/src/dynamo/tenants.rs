@@ -1,0 +1,104 @@
+//! Tenants and API keys in DynamoDB.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use entrega_core::ids::TenantId;
+use entrega_core::ports::{StoreError, StoreResult, TenantStore};
+use entrega_core::tenant::{Principal, Tenant};
+
+use super::*;
+
+fn tenant_pk(id: &TenantId) -> String {
+    format!("TENANT#{id}")
+}
+
+fn key_pk(hash: &str) -> String {
+    format!("KEY#{hash}")
+}
+
+fn key_item(hash: &str, principal: &Principal) -> Item {
+    let mut item = key(key_pk(hash));
+    item.insert("principal".into(), to_json(principal));
+    item
+}
+
+#[async_trait]
+impl TenantStore for DynamoStore {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
+        let mut item = key(tenant_pk(&tenant.id));
+        item.insert("json".into(), to_json(tenant));
+        let put_tenant = Put::builder()
+            .table_name(&self.main_table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .expect("table and item are set");
+        let put_key = Put::builder()
+            .table_name(&self.main_table)
+            .set_item(Some(key_item(
+                api_key_hash,
+                &Principal::Tenant(tenant.id.clone()),
+            )))
+            .build()
+            .expect("table and item are set");
+        // The tenant and its key commit together: no tenant without a way in.
+        self.client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(put_tenant).build())
+            .transact_items(TransactWriteItem::builder().put(put_key).build())
+            .send()
+            .await
+            .map_err(|e| {
+                if is_condition_failure(&e) {
+                    StoreError::Conflict(format!("tenant {} exists", tenant.id))
+                } else {
+                    backend(e)
+                }
+            })?;
+        Ok(())
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(tenant_pk(id))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        out.item().map(from_json).transpose()
+    }
+
+    async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {
+        self.client
+            .put_item()
+            .table_name(&self.main_table)
+            .set_item(Some(key_item(api_key_hash, principal)))
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(key_pk(api_key_hash))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let json = get_s(item, "principal")
+            .ok_or_else(|| StoreError::Backend("a key item has no principal".into()))?;
+        serde_json::from_str(json)
+            .map(Some)
+            .map_err(|e| StoreError::Backend(format!("stored principal unreadable: {e}")))
+    }
+}

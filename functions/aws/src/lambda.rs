@@ -1,0 +1,154 @@
+//! The event glue of the three queue- and stream-driven functions, with Lambda's batch
+//! semantics (ReportBatchItemFailures). The Lambda binaries call these with the events
+//! Lambda hands them; `entrega serve --backend aws` builds the same events from its
+//! pollers and calls the same functions, so both run one code path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use entrega_core::handlers::failures::handle_failure;
+use entrega_core::handlers::fanout::fan_out;
+use entrega_core::handlers::task::DeliveryTask;
+use entrega_core::handlers::worker::{handle_delivery, Disposition};
+use entrega_core::ports::Services;
+use futures_util::future::join_all;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::outbox::event_from_dynamo_json;
+
+/// A message whose handler hit a backend error (a throttled table, a timeout) comes
+/// back after this, not after the queue's whole visibility timeout (6 minutes).
+pub const ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One stream record as the outbox trigger needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRecord {
+    pub sequence_number: String,
+    /// `INSERT`, `MODIFY` or `REMOVE`.
+    pub event_name: String,
+    /// The new image in DynamoDB JSON.
+    pub new_image: Value,
+}
+
+/// The records of a Lambda DynamoDB stream event.
+pub fn outbox_records(event: aws_lambda_events::event::dynamodb::Event) -> Vec<OutboxRecord> {
+    event
+        .records
+        .into_iter()
+        .map(|r| OutboxRecord {
+            sequence_number: r.change.sequence_number.unwrap_or_default(),
+            event_name: r.event_name,
+            new_image: serde_json::to_value(&r.change.new_image).unwrap_or(Value::Null),
+        })
+        .collect()
+}
+
+/// The outbox trigger. Records are handled in order; on a failure the rest of the
+/// batch is reported from the failed record on (a stream is ordered: Lambda retries
+/// from that sequence number, and fan-out is idempotent for the ones replayed).
+pub async fn outbox_batch(
+    services: &Services,
+    records: Vec<OutboxRecord>,
+) -> DynamoDbEventResponse {
+    let mut response = DynamoDbEventResponse::default();
+    for record in records {
+        // Only inserts are events; TTL removals and updates never trigger anything.
+        if record.event_name != "INSERT" {
+            continue;
+        }
+        let event = match event_from_dynamo_json(&record.new_image) {
+            Ok(event) => event,
+            Err(e) => {
+                // A malformed producer item can never become an event; retrying it
+                // would block the shard for every tenant behind it.
+                tracing::error!(sequence = %record.sequence_number, error = %e, "skipping a malformed outbox item");
+                continue;
+            }
+        };
+        if let Err(e) = fan_out(services, &event).await {
+            tracing::error!(event_id = %event.id, error = %e, "fan-out failed; the batch resumes here");
+            let mut failure = DynamoDbBatchItemFailure::default();
+            failure.item_identifier = Some(record.sequence_number);
+            response.batch_item_failures.push(failure);
+            break;
+        }
+    }
+    response
+}
+
+/// The delivery worker over an SQS batch: concurrent, but at most each endpoint's cap
+/// at once. A message to retry later is hidden with ChangeMessageVisibility and
+/// reported failed (so Lambda keeps it); one that is done is left for Lambda to delete.
+pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchResponse {
+    let mut caps: HashMap<String, Arc<Semaphore>> = HashMap::new();
+    let jobs = event.records.into_iter().map(|message| {
+        let task: Option<DeliveryTask> = message
+            .body
+            .as_deref()
+            .and_then(|b| serde_json::from_str(b).ok());
+        let cap = task.map(|t| {
+            caps.entry(t.endpoint_id.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(t.max_concurrency.max(1) as usize)))
+                .clone()
+        });
+        async move {
+            let _permit = match &cap {
+                Some(cap) => Some(cap.acquire().await.expect("never closed")),
+                None => None,
+            };
+            let body = message.body.clone().unwrap_or_default();
+            let delay = match handle_delivery(services, &body).await {
+                Ok(Disposition::Done) => return None,
+                Ok(Disposition::RetryIn(delay)) => delay,
+                Err(e) => {
+                    tracing::error!(error = %e, "delivery handler failed; the message will return");
+                    ERROR_BACKOFF
+                }
+            };
+            keep_hidden(services.deliveries.as_ref(), &message, delay).await;
+            Some(message_id(&message))
+        }
+    });
+    let mut response = SqsBatchResponse::default();
+    for id in join_all(jobs).await.into_iter().flatten() {
+        response.add_failure(id);
+    }
+    response
+}
+
+/// The failure handler (DLQ analyzer) over an SQS batch.
+pub async fn failure_batch(
+    services: &Services,
+    event: SqsEvent,
+    alert_threshold: u64,
+) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for message in event.records {
+        let body = message.body.clone().unwrap_or_default();
+        if let Err(e) = handle_failure(services, &body, alert_threshold).await {
+            tracing::error!(error = %e, "failure handler failed; the notice will return");
+            keep_hidden(services.failures.as_ref(), &message, ERROR_BACKOFF).await;
+            response.add_failure(message_id(&message));
+        }
+    }
+    response
+}
+
+/// Hide a message for `delay`; it is then reported failed so Lambda keeps it.
+async fn keep_hidden(
+    queue: &dyn entrega_core::ports::MessageQueue,
+    message: &SqsMessage,
+    delay: std::time::Duration,
+) {
+    let receipt = message.receipt_handle.as_deref().unwrap_or_default();
+    if let Err(e) = queue.change_visibility(receipt, delay).await {
+        tracing::error!(error = %e, "could not set the message's visibility; it returns after the queue's timeout");
+    }
+}
+
+fn message_id(message: &SqsMessage) -> String {
+    message.message_id.clone().unwrap_or_default()
+}

@@ -1,0 +1,188 @@
+//! The AWS resources Entrega runs on, and the `Services` built over them.
+//!
+//! Lambda functions get each name from the environment (the template sets them);
+//! `entrega serve --backend aws` and `entrega provision` derive them from a prefix.
+
+use std::sync::Arc;
+
+use entrega_core::ports::{Clock, Services, Transport};
+
+use crate::dynamo::DynamoStore;
+use crate::scheduler::EventBridgeScheduler;
+use crate::sns::SnsNotifier;
+use crate::sqs::SqsQueue;
+
+/// Days deliveries, attempts and failures are kept when nothing says otherwise.
+pub const DEFAULT_RETENTION_DAYS: i64 = 30;
+
+/// Names and addresses of every resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsResources {
+    pub main_table: String,
+    pub outbox_table: String,
+    pub delivery_queue_url: String,
+    pub delivery_queue_arn: String,
+    pub failure_queue_url: String,
+    pub schedule_group: String,
+    pub scheduler_role_arn: String,
+    pub alert_topic_arn: String,
+    pub retention_days: i64,
+}
+
+/// The names a prefix gives (tables, queues, group, topic).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceNames {
+    pub main_table: String,
+    pub outbox_table: String,
+    pub delivery_queue: String,
+    pub delivery_dlq: String,
+    pub failure_queue: String,
+    pub failure_dlq: String,
+    pub schedule_group: String,
+    pub alert_topic: String,
+    pub scheduler_role: String,
+}
+
+impl ResourceNames {
+    pub fn with_prefix(prefix: &str) -> Self {
+        Self {
+            main_table: format!("{prefix}-main"),
+            outbox_table: format!("{prefix}-outbox"),
+            delivery_queue: format!("{prefix}-deliveries"),
+            delivery_dlq: format!("{prefix}-deliveries-dlq"),
+            failure_queue: format!("{prefix}-failures"),
+            failure_dlq: format!("{prefix}-failures-dlq"),
+            schedule_group: prefix.to_owned(),
+            alert_topic: format!("{prefix}-alerts"),
+            scheduler_role: format!("{prefix}-scheduler"),
+        }
+    }
+}
+
+impl AwsResources {
+    /// From the Lambda environment (names the template passes in).
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+        Ok(Self {
+            main_table: var("ENTREGA_MAIN_TABLE")?,
+            outbox_table: var("ENTREGA_OUTBOX_TABLE")?,
+            delivery_queue_url: var("ENTREGA_DELIVERY_QUEUE_URL")?,
+            delivery_queue_arn: var("ENTREGA_DELIVERY_QUEUE_ARN")?,
+            failure_queue_url: var("ENTREGA_FAILURE_QUEUE_URL")?,
+            schedule_group: var("ENTREGA_SCHEDULE_GROUP")?,
+            scheduler_role_arn: var("ENTREGA_SCHEDULER_ROLE_ARN")?,
+            alert_topic_arn: var("ENTREGA_ALERT_TOPIC_ARN")?,
+            retention_days: std::env::var("ENTREGA_RETENTION_DAYS")
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .unwrap_or(DEFAULT_RETENTION_DAYS),
+        })
+    }
+
+    /// Look the prefix's resources up (they must exist: see `provision`).
+    pub async fn discover(sdk: &aws_config::SdkConfig, prefix: &str) -> Result<Self, String> {
+        let names = ResourceNames::with_prefix(prefix);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let url_of = |queue: String| {
+            let sqs = sqs.clone();
+            async move {
+                sqs.get_queue_url()
+                    .queue_name(&queue)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "queue {queue} not found (run `entrega provision --backend aws`): {e}"
+                        )
+                    })?
+                    .queue_url()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("queue {queue} has no URL"))
+            }
+        };
+        let delivery_queue_url = url_of(names.delivery_queue.clone()).await?;
+        let failure_queue_url = url_of(names.failure_queue.clone()).await?;
+        let delivery_queue_arn = queue_arn(&sqs, &delivery_queue_url).await?;
+        let account_region = delivery_queue_arn
+            .strip_prefix("arn:aws:sqs:")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .map(|(region_account, _)| region_account.to_owned())
+            .ok_or("unexpected queue ARN")?;
+        let (region, account) = account_region
+            .split_once(':')
+            .ok_or("unexpected queue ARN")?;
+        Ok(Self {
+            main_table: names.main_table,
+            outbox_table: names.outbox_table,
+            delivery_queue_url,
+            delivery_queue_arn,
+            failure_queue_url,
+            schedule_group: names.schedule_group,
+            scheduler_role_arn: format!("arn:aws:iam::{account}:role/{}", names.scheduler_role),
+            alert_topic_arn: format!("arn:aws:sns:{region}:{account}:{}", names.alert_topic),
+            retention_days: DEFAULT_RETENTION_DAYS,
+        })
+    }
+}
+
+/// A queue's ARN, from its URL.
+pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, String> {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| format!("queue attributes of {url}: {e}"))?;
+    out.attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
+        .cloned()
+        .ok_or_else(|| format!("queue {url} has no ARN"))
+}
+
+/// The store over the resources' tables (the API needs only this and the queues).
+pub fn dynamo_store(
+    sdk: &aws_config::SdkConfig,
+    r: &AwsResources,
+    clock: Arc<dyn Clock>,
+) -> DynamoStore {
+    DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        r.main_table.clone(),
+        r.outbox_table.clone(),
+        clock,
+        r.retention_days,
+    )
+}
+
+/// Every port over AWS services.
+pub fn aws_services(
+    sdk: &aws_config::SdkConfig,
+    r: &AwsResources,
+    transport: Arc<dyn Transport>,
+    clock: Arc<dyn Clock>,
+) -> Services {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    Services {
+        store: Arc::new(dynamo_store(sdk, r, clock.clone())),
+        deliveries: Arc::new(SqsQueue::new(sqs.clone(), r.delivery_queue_url.clone())),
+        failures: Arc::new(SqsQueue::new(sqs, r.failure_queue_url.clone())),
+        scheduler: Arc::new(EventBridgeScheduler::new(
+            aws_sdk_scheduler::Client::new(sdk),
+            r.schedule_group.clone(),
+            r.scheduler_role_arn.clone(),
+            r.delivery_queue_arn.clone(),
+        )),
+        notifier: Arc::new(SnsNotifier::new(
+            aws_sdk_sns::Client::new(sdk),
+            r.alert_topic_arn.clone(),
+        )),
+        transport,
+        clock,
+    }
+}
+
+/// The SDK configuration from the environment (`AWS_ENDPOINT_URL` is honoured).
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+}

@@ -1,0 +1,132 @@
+//! SQS as the delivery and failures queues.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::Client;
+use entrega_core::ports::{
+    MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
+};
+
+use crate::dynamo::backend;
+
+/// SQS sends at most 10 messages per batch call.
+const SEND_BATCH: usize = 10;
+/// SQS's longest send delay.
+pub const MAX_SEND_DELAY: Duration = Duration::from_secs(900);
+/// SQS caps visibility at 12 h after a message's receipt; keep a margin for the
+/// attempt that ran before the change (at most the 30 s timeout plus writes).
+pub const MAX_VISIBILITY_DELAY: Duration = Duration::from_secs(12 * 3600 - 300);
+
+#[derive(Clone)]
+pub struct SqsQueue {
+    client: Client,
+    url: String,
+}
+
+impl SqsQueue {
+    pub fn new(client: Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+#[async_trait]
+impl MessageQueue for SqsQueue {
+    async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        for chunk in messages.chunks(SEND_BATCH) {
+            let mut request = self.client.send_message_batch().queue_url(&self.url);
+            for (i, m) in chunk.iter().enumerate() {
+                if m.delay > MAX_SEND_DELAY {
+                    return Err(StoreError::Backend(format!(
+                        "SQS cannot delay a message by {:?}; longer waits go through the scheduler",
+                        m.delay
+                    )));
+                }
+                // MessageGroupId on a standard queue opts into SQS fair queues: one
+                // tenant's backlog does not delay the others' messages.
+                let entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(&m.body)
+                    .message_group_id(&m.group)
+                    .delay_seconds(m.delay.as_secs() as i32)
+                    .build()
+                    .map_err(|e| StoreError::Backend(e.to_string()))?;
+                request = request.entries(entry);
+            }
+            let out = request.send().await.map_err(backend)?;
+            if let Some(failed) = out.failed().first() {
+                return Err(StoreError::Backend(format!(
+                    "SQS refused a message: {} {}",
+                    failed.code(),
+                    failed.message().unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .visibility_timeout(visibility.as_secs() as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(out
+            .messages()
+            .iter()
+            .filter_map(|m| {
+                let receive_count = m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(1);
+                Some(ReceivedMessage {
+                    receipt: m.receipt_handle()?.to_owned(),
+                    body: m.body()?.to_owned(),
+                    receive_count,
+                })
+            })
+            .collect())
+    }
+
+    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .visibility_timeout(delay.min(MAX_VISIBILITY_DELAY).as_secs() as i32)
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn delete(&self, receipt: &str) -> StoreResult<()> {
+        self.client
+            .delete_message()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    fn max_delay(&self) -> Option<Duration> {
+        Some(MAX_VISIBILITY_DELAY)
+    }
+}

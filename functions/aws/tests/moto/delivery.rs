@@ -1,0 +1,250 @@
+//! Delivery on the AWS runtime: outbox transaction → stream → fan-out → SQS →
+//! worker → receiver, with retries through visibility changes and schedules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use entrega_aws::emulation::parse_at;
+use entrega_core::delivery::DeliveryState;
+use entrega_core::ids::DeliveryId;
+use entrega_core::ports::{Clock, ManualClock};
+use entrega_core::retry::{CustomRetry, RetrySpec};
+use entrega_core::signature::verify;
+use entrega_testkit::{eventually, Receiver, Reply};
+
+use crate::harness::Stack;
+use crate::support::*;
+
+fn delays(delays_s: Vec<u64>) -> RetrySpec {
+    RetrySpec::Custom(CustomRetry {
+        delays_s,
+        jitter: 0.0,
+        retry_4xx: false,
+    })
+}
+
+async fn delivery_state(stack: &Stack, id: &DeliveryId) -> Option<DeliveryState> {
+    stack
+        .services
+        .store
+        .get_delivery(id)
+        .await
+        .unwrap()
+        .map(|d| d.state)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_committed_transaction_is_delivered_and_a_cancelled_one_is_not() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::answering(200).await;
+    let ep = endpoint(s, &tenant, receiver.url("/crm"), RetrySpec::default()).await;
+
+    let cancelled = event(
+        s,
+        &tenant,
+        "lead.stage_changed",
+        r#"{"lead":"L1","stage":"won"}"#,
+    );
+    assert!(
+        !move_lead_stage(&stack, "L1", &cancelled, true).await,
+        "the stale condition cancels"
+    );
+    let committed = event(
+        s,
+        &tenant,
+        "lead.stage_changed",
+        r#"{"lead":"L2","stage":"won"}"#,
+    );
+    assert!(move_lead_stage(&stack, "L2", &committed, false).await);
+
+    eventually(Duration::from_secs(30), "the committed event", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let got = &receiver.got()[0];
+    assert_eq!(got.header("webhook-id"), committed.id.as_str());
+    let ts: i64 = got.header("webhook-timestamp").parse().unwrap();
+    verify(
+        std::slice::from_ref(&ep.secret),
+        committed.id.as_str(),
+        ts,
+        got.body.as_bytes(),
+        got.header("webhook-signature"),
+        Utc::now().timestamp(),
+        300,
+    )
+    .expect("signed with the endpoint's secret");
+    let id = DeliveryId::for_event(
+        &committed.id,
+        &ep.id,
+        committed.created_at.timestamp_millis(),
+    );
+    eventually(Duration::from_secs(10), "delivered state", || async {
+        (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
+    })
+    .await;
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(receiver.count(), 1, "the cancelled event was never sent");
+    assert!(
+        s.store.get_event(&cancelled.id).await.unwrap().is_none(),
+        "no outbox item"
+    );
+    assert!(
+        s.store
+            .deliveries_of_event(&cancelled.id)
+            .await
+            .unwrap()
+            .is_empty(),
+        "no delivery record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_comes_back_through_a_visibility_change() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![2])).await;
+    let e = event(s, &tenant, "a.b", "{}");
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    eventually(Duration::from_secs(30), "two attempts", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    let got = receiver.got();
+    assert_eq!(got[0].header("webhook-id"), got[1].header("webhook-id"));
+    let gap = got[1].at - got[0].at;
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "attempt 2 after {gap:?}, policy says 2 s"
+    );
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    eventually(Duration::from_secs(10), "delivered", || async {
+        (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
+    })
+    .await;
+    let attempts = s.store.list_attempts(&id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.status_code).collect::<Vec<_>>(),
+        [Some(503), Some(200)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let stack = Stack::start_with_clock(clock.clone()).await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![13 * 3600])).await;
+    let e = event(s, &tenant, "a.b", "{}");
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    eventually(Duration::from_secs(30), "the first attempt", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+
+    let scheduler = aws_sdk_scheduler::Client::new(&stack.sdk);
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let schedule = eventually(Duration::from_secs(10), "a schedule", || async {
+        let listed = scheduler
+            .list_schedules()
+            .group_name(&stack.resources.schedule_group)
+            .send()
+            .await
+            .unwrap();
+        let name = listed.schedules().first()?.name()?.to_owned();
+        Some(
+            scheduler
+                .get_schedule()
+                .group_name(&stack.resources.schedule_group)
+                .name(name)
+                .send()
+                .await
+                .unwrap(),
+        )
+    })
+    .await;
+    let at = parse_at(schedule.schedule_expression().unwrap()).unwrap();
+    let wanted = clock.now() + chrono::Duration::hours(13);
+    assert!(
+        (at - wanted).num_seconds().abs() <= 60,
+        "scheduled at {at}, wanted about {wanted}"
+    );
+    assert_eq!(
+        schedule.target().unwrap().arn(),
+        stack.resources.delivery_queue_arn
+    );
+
+    // Nothing is due yet; then 13 hours pass (virtual time) and it fires.
+    assert_eq!(
+        stack
+            .emulation()
+            .fire_due_schedules(&scheduler, &sqs)
+            .await
+            .unwrap(),
+        0
+    );
+    clock.advance(Duration::from_secs(13 * 3600 + 60));
+    eventually(Duration::from_secs(30), "the second attempt", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    eventually(Duration::from_secs(10), "delivered", || async {
+        (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
+    })
+    .await;
+    let listed = scheduler
+        .list_schedules()
+        .group_name(&stack.resources.schedule_group)
+        .send()
+        .await
+        .unwrap();
+    assert!(listed.schedules().is_empty(), "a fired schedule is deleted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exhausted_delivery_reaches_the_failures_queue_and_its_record() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::answering(500).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![1])).await;
+    let e = event(s, &tenant, "a.b", r#"{"keep":"me"}"#);
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+    let failure = eventually(Duration::from_secs(40), "the failure record", || async {
+        let out = dynamo
+            .scan()
+            .table_name(&stack.names.main_table)
+            .filter_expression("begins_with(pk, :f)")
+            .expression_attribute_values(
+                ":f",
+                aws_sdk_dynamodb::types::AttributeValue::S("FAIL#".into()),
+            )
+            .send()
+            .await
+            .unwrap();
+        let json = out.items().first()?.get("json")?.as_s().ok()?.clone();
+        Some(serde_json::from_str::<serde_json::Value>(&json).unwrap())
+    })
+    .await;
+    assert_eq!(failure["delivery_id"], id.as_str());
+    assert_eq!(failure["reason"], "exhausted");
+    assert_eq!(failure["payload"], r#"{"keep":"me"}"#);
+    assert_eq!(failure["attempt_times"].as_array().unwrap().len(), 2);
+    assert_eq!(failure["last_status_code"], 500);
+    assert_eq!(
+        delivery_state(&stack, &id).await,
+        Some(DeliveryState::Exhausted)
+    );
+    assert_eq!(receiver.count(), 2);
+}

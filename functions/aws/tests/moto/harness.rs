@@ -1,0 +1,139 @@
+//! A moto server on a free loopback port, started for a test and stopped with it, and
+//! a provisioned Entrega stack on it with the local pollers running.
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::config::Credentials;
+use entrega_aws::emulation::Emulation;
+use entrega_aws::provision::provision;
+use entrega_aws::resources::{aws_services, AwsResources, ResourceNames};
+use entrega_core::ports::{Clock, Services, SystemClock};
+use entrega_http::transport::{HttpTransport, TargetPolicy};
+use tokio::sync::watch;
+
+/// How long moto may take to start on a busy machine.
+const MOTO_START_LIMIT: Duration = Duration::from_secs(60);
+
+pub struct Moto {
+    child: Child,
+    pub endpoint: String,
+}
+
+impl Moto {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs (scripts/test installs moto[server])");
+        let mut moto = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                panic!(
+                    "moto exited ({status}); is moto[server] installed? scripts/test installs it"
+                );
+            }
+            assert!(started.elapsed() < MOTO_START_LIMIT, "moto did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        moto
+    }
+
+    pub async fn sdk(&self) -> aws_config::SdkConfig {
+        aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .endpoint_url(&self.endpoint)
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
+            .load()
+            .await
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A provisioned stack with its pollers running until dropped.
+pub struct Stack {
+    _moto: Moto,
+    pub sdk: aws_config::SdkConfig,
+    pub names: ResourceNames,
+    pub resources: AwsResources,
+    pub services: Services,
+    stop: watch::Sender<bool>,
+}
+
+impl Stack {
+    pub async fn start() -> Self {
+        Self::start_with_clock(Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with_clock(clock: Arc<dyn Clock>) -> Self {
+        let moto = Moto::start();
+        let sdk = moto.sdk().await;
+        let names = ResourceNames::with_prefix("entrega-test");
+        provision(&sdk, &names).await.expect("provisioning on moto");
+        let resources = AwsResources::discover(&sdk, "entrega-test")
+            .await
+            .expect("resources found");
+        let transport = Arc::new(HttpTransport::new(TargetPolicy {
+            allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
+            allow_http: true,
+        }));
+        let services = aws_services(&sdk, &resources, transport, clock);
+        let (stop, rx) = watch::channel(false);
+        let emulation = Emulation {
+            services: services.clone(),
+            resources: resources.clone(),
+            sdk: sdk.clone(),
+            alert_threshold: 2,
+        };
+        tokio::spawn(emulation.run(rx));
+        Self {
+            _moto: moto,
+            sdk,
+            names,
+            resources,
+            services,
+            stop,
+        }
+    }
+
+    pub fn emulation(&self) -> Emulation {
+        Emulation {
+            services: self.services.clone(),
+            resources: self.resources.clone(),
+            sdk: self.sdk.clone(),
+            alert_threshold: 2,
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

@@ -1,0 +1,206 @@
+//! The Lambda handlers fed real event JSON shapes (as Lambda delivers them), including
+//! partial batch failure responses.
+
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use entrega_aws::lambda::{delivery_batch, outbox_batch, outbox_records};
+use entrega_core::handlers::task::DeliveryTask;
+use entrega_core::ids::DeliveryId;
+use entrega_core::retry::{CustomRetry, RetrySpec};
+use entrega_testkit::{eventually, Receiver};
+use serde_json::json;
+
+use crate::harness::Stack;
+use crate::support::*;
+
+/// A DynamoDB stream event as Lambda sends it (NEW_IMAGE, with an INSERT to fan out
+/// and a TTL REMOVE to ignore).
+fn stream_event(records: serde_json::Value) -> aws_lambda_events::event::dynamodb::Event {
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+fn stream_record(seq: &str, name: &str, image: serde_json::Value) -> serde_json::Value {
+    json!({
+        "eventID": format!("id-{seq}"),
+        "eventName": name,
+        "eventVersion": "1.1",
+        "eventSource": "aws:dynamodb",
+        "awsRegion": "us-east-1",
+        "dynamodb": {
+            "ApproximateCreationDateTime": 1796000000.0,
+            "Keys": {"pk": image["pk"].clone()},
+            "NewImage": image,
+            "SequenceNumber": seq,
+            "SizeBytes": 120,
+            "StreamViewType": "NEW_IMAGE"
+        },
+        "eventSourceARN": "arn:aws:dynamodb:us-east-1:123456789012:table/entrega-test-outbox/stream/2026-11-30T00:00:00.000"
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::answering(503).await;
+    let ep = endpoint(
+        s,
+        &tenant,
+        receiver.url("/"),
+        RetrySpec::Custom(CustomRetry {
+            delays_s: vec![600],
+            jitter: 0.0,
+            retry_4xx: false,
+        }),
+    )
+    .await;
+
+    // The stream event: the INSERT fans out (deliveries created), the REMOVE is skipped.
+    let e = event(s, &tenant, "a.b", r#"{"x":1}"#);
+    s.store.publish(&e).await.unwrap();
+    let image = json!({
+        "pk": {"S": e.id.as_str()}, "tenant_id": {"S": tenant.as_str()}, "type": {"S": "a.b"},
+        "payload": {"S": e.payload}, "created_at": {"S": entrega_core::event::format_timestamp(e.created_at)}
+    });
+    let records = outbox_records(stream_event(json!([
+        stream_record("100", "INSERT", image.clone()),
+        stream_record("200", "REMOVE", image),
+    ])));
+    assert_eq!(records.len(), 2);
+    let response = outbox_batch(s, records).await;
+    assert!(response.batch_item_failures.is_empty());
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    assert!(
+        s.store.get_delivery(&id).await.unwrap().is_some(),
+        "fanned out"
+    );
+
+    // The SQS event: take our real message off the queue so its receipt handle is valid,
+    // and put it in a Lambda-shaped event beside an unreadable one.
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let queue = &stack.resources.delivery_queue_url;
+    // The background worker competes for the queue: send copies of the task until
+    // this test holds one (a copy the worker takes is harmless: same delivery).
+    let task = DeliveryTask {
+        delivery_id: id.clone(),
+        tenant_id: tenant.clone(),
+        endpoint_id: ep.id.clone(),
+        generation: 0,
+        max_concurrency: 8,
+    };
+    let body = serde_json::to_string(&task).unwrap();
+    let held = eventually(Duration::from_secs(20), "our message", || async {
+        sqs.send_message()
+            .queue_url(queue)
+            .message_body(&body)
+            .send()
+            .await
+            .unwrap();
+        let out = sqs
+            .receive_message()
+            .queue_url(queue)
+            .max_number_of_messages(10)
+            .visibility_timeout(300)
+            .send()
+            .await
+            .unwrap();
+        out.messages()
+            .iter()
+            .find(|m| m.body() == Some(body.as_str()))
+            .cloned()
+    })
+    .await;
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [
+        {
+            "messageId": held.message_id().unwrap(),
+            "receiptHandle": held.receipt_handle().unwrap(),
+            "body": body,
+            "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1796000000000",
+                           "SenderId": "AIDAEXAMPLE", "ApproximateFirstReceiveTimestamp": "1796000000001"},
+            "messageAttributes": {},
+            "md5OfBody": "0",
+            "eventSource": "aws:sqs",
+            "eventSourceARN": stack.resources.delivery_queue_arn,
+            "awsRegion": "us-east-1"
+        },
+        {
+            "messageId": "garbage-1",
+            "receiptHandle": "rh-garbage",
+            "body": "{not a task",
+            "attributes": {}, "messageAttributes": {}, "md5OfBody": "0",
+            "eventSource": "aws:sqs", "eventSourceARN": stack.resources.delivery_queue_arn, "awsRegion": "us-east-1"
+        }
+    ]}))
+    .unwrap();
+    let response = delivery_batch(s, event).await;
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    // A 503 with 600 s to wait: kept (reported failed, hidden by visibility). The
+    // unreadable one is done with (not reported, so Lambda deletes it).
+    assert_eq!(failed, [held.message_id().unwrap().to_owned()]);
+    let wire = serde_json::to_value(&response).unwrap();
+    assert_eq!(
+        wire["batchItemFailures"][0]["itemIdentifier"],
+        held.message_id().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_function_serves_api_gateway_v2_requests() {
+    use lambda_http::tower::ServiceExt;
+    let stack = Stack::start().await;
+    let app = entrega_http::api::router(entrega_http::api::AppState {
+        services: stack.services.clone(),
+        targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
+    });
+    let admin_key = entrega_core::tenant::generate_api_key();
+    stack
+        .services
+        .store
+        .put_api_key(
+            &entrega_core::tenant::hash_api_key(&admin_key),
+            &entrega_core::tenant::Principal::Admin,
+        )
+        .await
+        .unwrap();
+    let apigw = json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": "/v1/tenants",
+        "rawQueryString": "",
+        "headers": {"authorization": format!("Bearer {admin_key}"), "content-type": "application/json", "host": "api.example.com"},
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "api", "domainName": "api.example.com", "domainPrefix": "api",
+            "http": {"method": "POST", "path": "/v1/tenants", "protocol": "HTTP/1.1", "sourceIp": "192.0.2.1", "userAgent": "curl"},
+            "requestId": "r1", "routeKey": "$default", "stage": "$default", "time": "30/Nov/2026:12:00:00 +0000", "timeEpoch": 1796000000000u64
+        },
+        "body": "{\"name\":\"Acme\",\"owner_email\":\"ops@acme.example\"}",
+        "isBase64Encoded": false
+    });
+    let request: lambda_http::request::LambdaRequest = serde_json::from_value(apigw).unwrap();
+    let request: lambda_http::Request = request.into();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 201);
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(body["api_key"].as_str().unwrap().starts_with("ent_"));
+    let tenant: entrega_core::ids::TenantId =
+        body["tenant"]["id"].as_str().unwrap().parse().unwrap();
+    assert!(
+        stack
+            .services
+            .store
+            .get_tenant(&tenant)
+            .await
+            .unwrap()
+            .is_some(),
+        "stored in DynamoDB"
+    );
+}

@@ -1,0 +1,8 @@
+//! The AWS runtime against a local emulator (moto server, started by each test): the
+//! real SDK calls, the table stream, queues, visibility changes and schedules.
+
+mod delivery;
+mod harness;
+mod lambda_events;
+mod provisioning;
+mod support;

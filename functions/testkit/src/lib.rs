@@ -1,0 +1,171 @@
+//! Test support shared by the end-to-end suites: scripted webhook receivers on
+//! loopback, temporary directories, and polling until a condition holds.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "entrega-{tag}-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How a receiver answers one request.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub delay: Duration,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            delay: Duration::ZERO,
+            headers: vec![],
+        }
+    }
+
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    pub fn header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
+}
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: String,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    script: VecDeque<Reply>,
+    fallback: Option<Reply>,
+    got: Vec<Received>,
+}
+
+/// A webhook receiver on loopback answering from a script (then with a fallback).
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ReceiverState>>,
+}
+
+impl Receiver {
+    pub async fn start(script: Vec<Reply>, fallback: Reply) -> Self {
+        let state = Arc::new(Mutex::new(ReceiverState {
+            script: script.into(),
+            fallback: Some(fallback),
+            got: vec![],
+        }));
+        let shared = state.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: HeaderMap, body: Bytes| {
+                let shared = shared.clone();
+                async move {
+                    let reply = {
+                        let mut s = shared.lock().unwrap();
+                        s.got.push(Received {
+                            path: uri.path().to_owned(),
+                            headers,
+                            body: String::from_utf8_lossy(&body).into_owned(),
+                            at: Instant::now(),
+                        });
+                        s.script.pop_front().or_else(|| s.fallback.clone()).unwrap()
+                    };
+                    tokio::time::sleep(reply.delay).await;
+                    let mut resp = (
+                        StatusCode::from_u16(reply.status).unwrap(),
+                        "receiver says hi",
+                    )
+                        .into_response();
+                    for (name, value) in reply.headers {
+                        resp.headers_mut().insert(name, value.parse().unwrap());
+                    }
+                    resp
+                }
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { addr, state }
+    }
+
+    /// Always answers `status`.
+    pub async fn answering(status: u16) -> Self {
+        Self::start(vec![], Reply::status(status)).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn got(&self) -> Vec<Received> {
+        self.state.lock().unwrap().got.clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.lock().unwrap().got.len()
+    }
+}
+
+/// Poll `check` until it returns `Some`, or panic after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
