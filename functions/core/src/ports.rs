@@ -63,6 +63,8 @@ pub trait TenantStore: Send + Sync {
     /// Register a key hash for a principal (the admin key at first start).
     async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()>;
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>>;
+    /// Whether any admin key is registered (a first start generates one otherwise).
+    async fn has_admin_key(&self) -> StoreResult<bool>;
 }
 
 #[async_trait]

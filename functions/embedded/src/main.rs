@@ -1,11 +1,18 @@
-//! The `entrega` binary: `entrega serve` runs the whole product on one machine.
+//! The `entrega` binary: `entrega serve` runs the whole product on one machine;
+//! `provision` and `admin-key` are the operator's set-up commands.
 
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use entrega_embedded::serve::{serve, ServeConfig};
+use entrega_aws::provision::provision;
+use entrega_aws::resources::{dynamo_store, sdk_config, AwsResources, ResourceNames};
+use entrega_core::ports::SystemClock;
+use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
+use entrega_embedded::sqlite::{SqliteDb, SqliteStore};
 use entrega_http::transport::TargetPolicy;
 use ipnet::IpNet;
 use tracing_subscriber::EnvFilter;
@@ -19,19 +26,54 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the API, the outbox trigger, the delivery worker and the failure handler
-    /// over a SQLite file.
+    /// Run the API, the outbox trigger, the delivery worker and the failure handler.
     Serve(ServeArgs),
+    /// Create the tables, queues, scheduler group and alert topic (idempotent; for an
+    /// emulator or a test account — production deploys with template.yaml).
+    Provision(StorageArgs),
+    /// Mint a new admin API key, store its hash, and print the key once.
+    AdminKey(StorageArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    Sqlite,
+    Aws,
+}
+
+#[derive(clap::Args)]
+struct StorageArgs {
+    /// Where the data lives.
+    #[arg(long, env = "ENTREGA_BACKEND", value_enum, default_value = "sqlite")]
+    backend: BackendKind,
+    /// The SQLite database file (created if missing).
+    #[arg(long, env = "ENTREGA_DB", default_value = "./entrega.db")]
+    db: PathBuf,
+    /// Name prefix of the AWS resources (a deployed stack's name).
+    #[arg(long, env = "ENTREGA_AWS_PREFIX", default_value = "entrega")]
+    aws_prefix: String,
+}
+
+impl StorageArgs {
+    fn backend(&self) -> Backend {
+        match self.backend {
+            BackendKind::Sqlite => Backend::Sqlite {
+                db: self.db.clone(),
+            },
+            BackendKind::Aws => Backend::Aws {
+                prefix: self.aws_prefix.clone(),
+            },
+        }
+    }
 }
 
 #[derive(clap::Args)]
 struct ServeArgs {
+    #[command(flatten)]
+    storage: StorageArgs,
     /// Address the API listens on.
     #[arg(long, env = "ENTREGA_LISTEN", default_value = "127.0.0.1:8787")]
     listen: SocketAddr,
-    /// The SQLite database file (created if missing).
-    #[arg(long, env = "ENTREGA_DB", default_value = "./entrega.db")]
-    db: PathBuf,
     /// Let deliveries reach this otherwise forbidden range (CIDR or single address),
     /// e.g. 127.0.0.0/8 for receivers on this machine. Repeatable.
     #[arg(long = "allow-target", env = "ENTREGA_ALLOW_TARGETS", value_delimiter = ',', value_parser = parse_range)]
@@ -75,29 +117,71 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
+async fn run(command: Command) -> Result<(), BoxError> {
+    match command {
         Command::Serve(args) => {
             init_logs(args.log_format);
-            let config = ServeConfig {
+            serve(ServeConfig {
                 listen: args.listen,
-                db: args.db,
+                backend: args.storage.backend(),
                 targets: TargetPolicy {
                     allowed_ranges: args.allow_targets,
                     allow_http: args.allow_http,
                 },
                 admin_key: args.admin_key,
                 alert_threshold: args.alert_threshold,
-            };
-            match serve(config).await {
-                Ok(()) => std::process::ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("entrega: {e}");
-                    std::process::ExitCode::FAILURE
-                }
+            })
+            .await
+        }
+        Command::Provision(args) => {
+            if args.backend != BackendKind::Aws {
+                return Err(
+                    "provision is for --backend aws; the SQLite file creates itself".into(),
+                );
             }
+            let spec = provision(
+                &sdk_config().await,
+                &ResourceNames::with_prefix(&args.aws_prefix),
+            )
+            .await?;
+            for t in &spec.tables {
+                println!("table {}", t.name);
+            }
+            for q in &spec.queues {
+                println!("queue {}", q.name);
+            }
+            println!(
+                "schedule group {}\ntopic {}",
+                spec.schedule_group, spec.alert_topic
+            );
+            Ok(())
+        }
+        Command::AdminKey(args) => {
+            let key = match args.backend() {
+                // The store alone: a running `serve` on the same file keeps its work.
+                Backend::Sqlite { db } => {
+                    let store = SqliteStore::new(SqliteDb::open(&db)?, Arc::new(SystemClock));
+                    mint_admin_key(&store).await?
+                }
+                Backend::Aws { prefix } => {
+                    let sdk = sdk_config().await;
+                    let resources = AwsResources::discover(&sdk, &prefix).await?;
+                    mint_admin_key(&dynamo_store(&sdk, &resources, Arc::new(SystemClock))).await?
+                }
+            };
+            println!("{key}");
+            Ok(())
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Cli::parse().command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("entrega: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,9 +1,12 @@
 //! Test support shared by the end-to-end suites: scripted webhook receivers on
-//! loopback, temporary directories, and polling until a condition holds.
+//! loopback, temporary directories, polling until a condition holds, and a moto server
+//! (the local AWS emulator) started and stopped by the test that needs it.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::net::TcpStream;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -167,5 +170,59 @@ where
             "timed out after {limit:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long moto may take to start on a busy machine.
+const MOTO_START_LIMIT: Duration = Duration::from_secs(60);
+
+/// A moto server (the local AWS emulator) on a free loopback port, stopped on drop.
+pub struct Moto {
+    child: Child,
+    pub endpoint: String,
+}
+
+impl Moto {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs (scripts/test installs moto[server])");
+        let mut moto = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                panic!(
+                    "moto exited ({status}); is moto[server] installed? scripts/test installs it"
+                );
+            }
+            assert!(started.elapsed() < MOTO_START_LIMIT, "moto did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        moto
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

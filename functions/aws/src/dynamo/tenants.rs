@@ -8,6 +8,9 @@ use entrega_core::tenant::{Principal, Tenant};
 
 use super::*;
 
+/// The item that records that an admin key exists.
+const ADMIN_MARKER: &str = "ADMIN_KEY_EXISTS";
+
 fn tenant_pk(id: &TenantId) -> String {
     format!("TENANT#{id}")
 }
@@ -79,7 +82,30 @@ impl TenantStore for DynamoStore {
             .send()
             .await
             .map_err(backend)?;
+        if *principal == Principal::Admin {
+            // A marker, because key items are found by hash only.
+            self.client
+                .put_item()
+                .table_name(&self.main_table)
+                .set_item(Some(key(ADMIN_MARKER.to_owned())))
+                .send()
+                .await
+                .map_err(backend)?;
+        }
         Ok(())
+    }
+
+    async fn has_admin_key(&self) -> StoreResult<bool> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(ADMIN_MARKER.to_owned())))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(out.item().is_some())
     }
 
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {

@@ -1,10 +1,7 @@
 //! A moto server on a free loopback port, started for a test and stopped with it, and
 //! a provisioned Entrega stack on it with the local pollers running.
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::config::Credentials;
 use entrega_aws::emulation::Emulation;
@@ -12,68 +9,17 @@ use entrega_aws::provision::provision;
 use entrega_aws::resources::{aws_services, AwsResources, ResourceNames};
 use entrega_core::ports::{Clock, Services, SystemClock};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
+use entrega_testkit::Moto;
 use tokio::sync::watch;
 
-/// How long moto may take to start on a busy machine.
-const MOTO_START_LIMIT: Duration = Duration::from_secs(60);
-
-pub struct Moto {
-    child: Child,
-    pub endpoint: String,
-}
-
-impl Moto {
-    pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs (scripts/test installs moto[server])");
-        let mut moto = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                panic!(
-                    "moto exited ({status}); is moto[server] installed? scripts/test installs it"
-                );
-            }
-            assert!(started.elapsed() < MOTO_START_LIMIT, "moto did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        moto
-    }
-
-    pub async fn sdk(&self) -> aws_config::SdkConfig {
-        aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .endpoint_url(&self.endpoint)
-            .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
-            .load()
-            .await
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The SDK configured for a test's moto server.
+pub async fn sdk(moto: &Moto) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&moto.endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
+        .load()
+        .await
 }
 
 /// A provisioned stack with its pollers running until dropped.
@@ -93,7 +39,7 @@ impl Stack {
 
     pub async fn start_with_clock(clock: Arc<dyn Clock>) -> Self {
         let moto = Moto::start();
-        let sdk = moto.sdk().await;
+        let sdk = sdk(&moto).await;
         let names = ResourceNames::with_prefix("entrega-test");
         provision(&sdk, &names).await.expect("provisioning on moto");
         let resources = AwsResources::discover(&sdk, "entrega-test")

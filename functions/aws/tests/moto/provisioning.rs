@@ -4,12 +4,13 @@
 use entrega_aws::provision::{provision, spec};
 use entrega_aws::resources::ResourceNames;
 
-use crate::harness::Moto;
+use crate::harness::sdk;
+use entrega_testkit::Moto;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn provisioning_is_idempotent_and_creates_the_spec() {
     let moto = Moto::start();
-    let sdk = moto.sdk().await;
+    let sdk = sdk(&moto).await;
     let names = ResourceNames::with_prefix("prov");
     provision(&sdk, &names).await.unwrap();
     provision(&sdk, &names)

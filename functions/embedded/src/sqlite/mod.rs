@@ -132,17 +132,4 @@ impl SqliteStore {
             })
             .await
     }
-
-    /// Whether any admin key is registered (so a first start generates one).
-    pub async fn admin_key_exists(&self) -> StoreResult<bool> {
-        self.db
-            .call(|conn| {
-                Ok(conn.query_row(
-                    "SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = '{\"kind\":\"admin\"}')",
-                    [],
-                    |r| r.get(0),
-                )?)
-            })
-            .await
-    }
 }

@@ -82,4 +82,17 @@ impl TenantStore for SqliteStore {
             })
             .await
     }
+
+    async fn has_admin_key(&self) -> StoreResult<bool> {
+        let admin = serde_json::to_string(&Principal::Admin).expect("a principal serialises");
+        self.db
+            .call(move |conn| {
+                Ok(conn.query_row(
+                    "SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = ?1)",
+                    [admin],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
 }

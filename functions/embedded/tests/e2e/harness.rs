@@ -24,6 +24,11 @@ impl Server {
     }
 
     pub fn start_with(dir: &TempDir, extra: &[&str]) -> Self {
+        Self::start_env(dir, extra, &[])
+    }
+
+    /// Start with extra arguments and environment variables.
+    pub fn start_env(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let db = dir.0.join("entrega.db");
         let log = dir.0.join(format!("serve-{}.log", rand::random::<u32>()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
@@ -32,6 +37,7 @@ impl Server {
             .args(extra)
             .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
