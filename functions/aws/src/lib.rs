@@ -5,6 +5,7 @@
 
 pub mod dynamo;
 pub mod emulation;
+pub mod function;
 pub mod lambda;
 pub mod outbox;
 pub mod provision;
@@ -12,3 +13,6 @@ pub mod resources;
 pub mod scheduler;
 pub mod sns;
 pub mod sqs;
+
+/// The Lambda event types, for the function binaries.
+pub use aws_lambda_events;

@@ -98,6 +98,7 @@ pub fn spec(names: &ResourceNames) -> Spec {
                 redrive: Some((names.failure_dlq.clone(), FAILURE_MAX_RECEIVES)),
             },
             dlq(&names.failure_dlq),
+            dlq(&names.outbox_dlq),
         ],
         schedule_group: names.schedule_group.clone(),
         alert_topic: names.alert_topic.clone(),

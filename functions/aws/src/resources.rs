@@ -38,6 +38,8 @@ pub struct ResourceNames {
     pub delivery_dlq: String,
     pub failure_queue: String,
     pub failure_dlq: String,
+    /// Where the outbox trigger's event source mapping sends records it gave up on.
+    pub outbox_dlq: String,
     pub schedule_group: String,
     pub alert_topic: String,
     pub scheduler_role: String,
@@ -52,6 +54,7 @@ impl ResourceNames {
             delivery_dlq: format!("{prefix}-deliveries-dlq"),
             failure_queue: format!("{prefix}-failures"),
             failure_dlq: format!("{prefix}-failures-dlq"),
+            outbox_dlq: format!("{prefix}-outbox-dlq"),
             schedule_group: prefix.to_owned(),
             alert_topic: format!("{prefix}-alerts"),
             scheduler_role: format!("{prefix}-scheduler"),

@@ -30,6 +30,7 @@ pub struct Stack {
     pub resources: AwsResources,
     pub services: Services,
     stop: watch::Sender<bool>,
+    stopped: Option<watch::Receiver<bool>>,
 }
 
 impl Stack {
@@ -38,6 +39,13 @@ impl Stack {
     }
 
     pub async fn start_with_clock(clock: Arc<dyn Clock>) -> Self {
+        let mut stack = Self::provisioned(clock).await;
+        stack.start_pollers();
+        stack
+    }
+
+    /// Provisioned, with no pollers running yet.
+    pub async fn provisioned(clock: Arc<dyn Clock>) -> Self {
         let moto = Moto::start();
         let sdk = sdk(&moto).await;
         let names = ResourceNames::with_prefix("entrega-test");
@@ -51,13 +59,6 @@ impl Stack {
         }));
         let services = aws_services(&sdk, &resources, transport, clock);
         let (stop, rx) = watch::channel(false);
-        let emulation = Emulation {
-            services: services.clone(),
-            resources: resources.clone(),
-            sdk: sdk.clone(),
-            alert_threshold: 2,
-        };
-        tokio::spawn(emulation.run(rx));
         Self {
             _moto: moto,
             sdk,
@@ -65,7 +66,14 @@ impl Stack {
             resources,
             services,
             stop,
+            stopped: Some(rx),
         }
+    }
+
+    /// Start the pollers that play Lambda's event source mappings and the scheduler.
+    pub fn start_pollers(&mut self) {
+        let rx = self.stopped.take().expect("pollers start once");
+        tokio::spawn(self.emulation().run(rx));
     }
 
     pub fn emulation(&self) -> Emulation {

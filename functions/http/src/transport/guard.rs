@@ -33,6 +33,30 @@ pub enum TargetError {
 }
 
 impl TargetPolicy {
+    /// From `ENTREGA_ALLOW_TARGETS` (comma-separated CIDRs or addresses) and
+    /// `ENTREGA_ALLOW_HTTP` (`1`/`true`), as the Lambda functions are configured.
+    pub fn from_env() -> Result<Self, String> {
+        let ranges = std::env::var("ENTREGA_ALLOW_TARGETS").unwrap_or_default();
+        let allowed_ranges = ranges
+            .split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                r.parse::<IpNet>()
+                    .or_else(|_| r.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("ENTREGA_ALLOW_TARGETS: `{r}` is not a CIDR range"))
+            })
+            .collect::<Result<_, _>>()?;
+        let allow_http = matches!(
+            std::env::var("ENTREGA_ALLOW_HTTP").as_deref(),
+            Ok("1" | "true" | "yes")
+        );
+        Ok(Self {
+            allowed_ranges,
+            allow_http,
+        })
+    }
+
     /// Check a URL before it is stored or sent: its scheme, and its host when the host
     /// is an address (names are checked when they resolve, at connect time).
     pub fn check_url(&self, raw: &str) -> Result<Url, TargetError> {

@@ -1,0 +1,18 @@
+//! Lambda: the HTTP API (API Gateway HTTP API), the same router as `entrega serve`.
+use std::sync::Arc;
+
+use entrega_http::api::{router, AppState};
+use entrega_http::transport::{HttpTransport, TargetPolicy};
+use lambda_http::{run, Error};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let targets = TargetPolicy::from_env()?;
+    let transport = Arc::new(HttpTransport::new(targets.clone()));
+    let services = entrega_aws::function::cold_start(transport).await?;
+    run(router(AppState {
+        services,
+        targets: Arc::new(targets),
+    }))
+    .await
+}

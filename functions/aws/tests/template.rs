@@ -1,0 +1,216 @@
+//! `template.yaml` declares exactly the tables, queues, schedule group and topic that
+//! `entrega provision` creates (one spec for both), and names what the functions need.
+
+use std::collections::BTreeMap;
+
+use entrega_aws::provision::spec;
+use entrega_aws::resources::ResourceNames;
+use serde_norway::Value;
+
+fn template() -> BTreeMap<String, Value> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    serde_norway::from_value(doc["Resources"].clone()).unwrap()
+}
+
+/// A `!Sub "..."` (or plain string) property as text.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Tagged(t) => text(&t.value),
+        Value::Number(n) => n.to_string(),
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+fn of_type<'a>(resources: &'a BTreeMap<String, Value>, kind: &str) -> Vec<(&'a String, &'a Value)> {
+    resources
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some(kind))
+        .collect()
+}
+
+fn names() -> ResourceNames {
+    ResourceNames::with_prefix("${AWS::StackName}")
+}
+
+#[test]
+fn tables_match_the_provisioning_spec() {
+    let resources = template();
+    let tables = of_type(&resources, "AWS::DynamoDB::Table");
+    let expected = spec(&names()).tables;
+    assert_eq!(tables.len(), expected.len(), "exactly the spec's tables");
+    for want in expected {
+        let (_, table) = tables
+            .iter()
+            .find(|(_, t)| text(&t["Properties"]["TableName"]) == want.name)
+            .unwrap_or_else(|| panic!("no table {}", want.name));
+        let p = &table["Properties"];
+        let keys: Vec<(String, String)> = p["KeySchema"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|k| (text(&k["AttributeName"]), text(&k["KeyType"])))
+            .collect();
+        let want_keys: Vec<(String, String)> = want
+            .keys
+            .iter()
+            .map(|(a, k)| (a.to_string(), k.to_string()))
+            .collect();
+        assert_eq!(keys, want_keys, "{}", want.name);
+        let gsis: Vec<(String, String, String)> = p["GlobalSecondaryIndexes"]
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .map(|g| {
+                        let ks = g["KeySchema"].as_sequence().unwrap();
+                        (
+                            text(&g["IndexName"]),
+                            text(&ks[0]["AttributeName"]),
+                            text(&ks[1]["AttributeName"]),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let want_gsis: Vec<(String, String, String)> = want
+            .gsis
+            .iter()
+            .map(|(n, p, s)| (n.to_string(), p.to_string(), s.to_string()))
+            .collect();
+        assert_eq!(gsis, want_gsis, "{}", want.name);
+        let stream = p["StreamSpecification"]["StreamViewType"].as_str();
+        assert_eq!(stream, want.stream, "{}", want.name);
+        assert_eq!(
+            text(&p["TimeToLiveSpecification"]["AttributeName"]),
+            want.ttl_attribute
+        );
+        assert_eq!(
+            p["TimeToLiveSpecification"]["Enabled"].as_bool(),
+            Some(true)
+        );
+    }
+}
+
+#[test]
+fn queues_match_the_provisioning_spec() {
+    let resources = template();
+    let queues = of_type(&resources, "AWS::SQS::Queue");
+    let expected = spec(&names()).queues;
+    assert_eq!(queues.len(), expected.len(), "exactly the spec's queues");
+    let logical_of = |name: &str| {
+        queues
+            .iter()
+            .find(|(_, q)| text(&q["Properties"]["QueueName"]) == name)
+            .map(|(id, q)| (id.to_string(), *q))
+            .unwrap_or_else(|| panic!("no queue {name}"))
+    };
+    for want in expected {
+        let (_, queue) = logical_of(&want.name);
+        let p = &queue["Properties"];
+        assert_eq!(
+            text(&p["VisibilityTimeout"]),
+            want.visibility_timeout_s.to_string(),
+            "{}",
+            want.name
+        );
+        assert_eq!(
+            text(&p["MessageRetentionPeriod"]),
+            want.retention_s.to_string(),
+            "{}",
+            want.name
+        );
+        match want.redrive {
+            Some((dlq, max)) => {
+                let (dlq_id, _) = logical_of(&dlq);
+                let target = text(&p["RedrivePolicy"]["deadLetterTargetArn"]);
+                assert_eq!(target, format!("{dlq_id}.Arn"), "{}", want.name);
+                assert_eq!(
+                    text(&p["RedrivePolicy"]["maxReceiveCount"]),
+                    max.to_string()
+                );
+            }
+            None => assert!(
+                p.get("RedrivePolicy").is_none(),
+                "{} has no redrive",
+                want.name
+            ),
+        }
+    }
+}
+
+#[test]
+fn scheduler_topic_and_function_wiring() {
+    let resources = template();
+    let spec = spec(&names());
+    let groups = of_type(&resources, "AWS::Scheduler::ScheduleGroup");
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        text(&groups[0].1["Properties"]["Name"]),
+        spec.schedule_group
+    );
+    let topics = of_type(&resources, "AWS::SNS::Topic");
+    assert_eq!(topics.len(), 1);
+    assert_eq!(
+        text(&topics[0].1["Properties"]["TopicName"]),
+        spec.alert_topic
+    );
+
+    let functions = of_type(&resources, "AWS::Serverless::Function");
+    let mut dirs: Vec<String> = functions
+        .iter()
+        .map(|(_, f)| text(&f["Properties"]["CodeUri"]))
+        .collect();
+    dirs.sort();
+    assert_eq!(
+        dirs,
+        [
+            "functions/api",
+            "functions/delivery-worker",
+            "functions/dlq-analyzer",
+            "functions/outbox-trigger"
+        ]
+    );
+    for (id, f) in &functions {
+        assert_eq!(
+            f["Metadata"]["BuildMethod"].as_str(),
+            Some("rust-cargolambda"),
+            "{id}"
+        );
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../").to_owned()
+            + &text(&f["Properties"]["CodeUri"]);
+        assert!(
+            std::path::Path::new(&dir).join("Cargo.toml").exists(),
+            "{id}: {dir} is a crate"
+        );
+    }
+    let worker = &resources["DeliveryWorkerFunction"]["Properties"];
+    let policy = serde_norway::to_string(&worker["Policies"]).unwrap();
+    for action in [
+        "sqs:ChangeMessageVisibility",
+        "scheduler:CreateSchedule",
+        "iam:PassRole",
+    ] {
+        assert!(policy.contains(action), "the worker may {action}");
+    }
+    let trigger =
+        &resources["OutboxTriggerFunction"]["Properties"]["Events"]["Outbox"]["Properties"];
+    assert!(serde_norway::to_string(&trigger["FilterCriteria"])
+        .unwrap()
+        .contains("INSERT"));
+    assert_eq!(trigger["BisectBatchOnFunctionError"].as_bool(), Some(true));
+    for (id, f) in &functions {
+        if let Some(events) = f["Properties"]["Events"].as_mapping() {
+            for (_, e) in events {
+                if matches!(e["Type"].as_str(), Some("SQS" | "DynamoDB")) {
+                    let types =
+                        serde_norway::to_string(&e["Properties"]["FunctionResponseTypes"]).unwrap();
+                    assert!(
+                        types.contains("ReportBatchItemFailures"),
+                        "{id} reports batch item failures"
+                    );
+                }
+            }
+        }
+    }
+}

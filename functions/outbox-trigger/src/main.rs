@@ -1,0 +1,17 @@
+//! Lambda: the outbox trigger (DynamoDB stream of the outbox table, INSERTs only).
+use std::sync::Arc;
+
+use entrega_aws::aws_lambda_events::event::dynamodb::Event;
+use entrega_aws::lambda::{outbox_batch, outbox_records};
+use entrega_http::transport::{HttpTransport, TargetPolicy};
+use lambda_runtime::{run, service_fn, Error, LambdaEvent};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let transport = Arc::new(HttpTransport::new(TargetPolicy::from_env()?));
+    let services = entrega_aws::function::cold_start(transport).await?;
+    run(service_fn(|event: LambdaEvent<Event>| async {
+        Ok::<_, Error>(outbox_batch(&services, outbox_records(event.payload)).await)
+    }))
+    .await
+}
