@@ -185,7 +185,27 @@ pub fn aws_services(
     }
 }
 
+/// One attempt of an AWS call may take this long before it is retried: without it, a
+/// call that hangs would stall a poller for good.
+pub const SDK_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// A whole AWS call, retries included.
+pub const SDK_OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Connecting to an AWS endpoint.
+pub const SDK_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The timeouts every SDK client here uses.
+pub fn sdk_timeouts() -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(SDK_CONNECT_TIMEOUT)
+        .operation_attempt_timeout(SDK_ATTEMPT_TIMEOUT)
+        .operation_timeout(SDK_OPERATION_TIMEOUT)
+        .build()
+}
+
 /// The SDK configuration from the environment (`AWS_ENDPOINT_URL` is honoured).
 pub async fn sdk_config() -> aws_config::SdkConfig {
-    aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .timeout_config(sdk_timeouts())
+        .load()
+        .await
 }

@@ -182,12 +182,28 @@ pub struct Moto {
     pub endpoint: String,
 }
 
+/// How long a started moto must stay up to be taken as ours (one that lost the race
+/// for its port exits at once, while the port answers — for someone else's server).
+const MOTO_SETTLE: Duration = Duration::from_millis(300);
+/// Ports tried before giving up.
+const MOTO_PORT_TRIES: usize = 5;
+
 impl Moto {
     pub fn start() -> Self {
+        for _ in 0..MOTO_PORT_TRIES {
+            if let Some(moto) = Self::try_start() {
+                return moto;
+            }
+        }
+        panic!("moto did not start; is moto[server] installed? scripts/test installs it");
+    }
+
+    /// Start on a free port; `None` if the port was taken meanwhile.
+    fn try_start() -> Option<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
+            .ok()?
             .local_addr()
-            .unwrap()
+            .ok()?
             .port();
         let child = Command::new("python3")
             .args([
@@ -207,16 +223,21 @@ impl Moto {
             endpoint: format!("http://127.0.0.1:{port}"),
         };
         let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                panic!(
-                    "moto exited ({status}); is moto[server] installed? scripts/test installs it"
-                );
+        loop {
+            if let Ok(Some(_)) = moto.child.try_wait() {
+                return None;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
             }
             assert!(started.elapsed() < MOTO_START_LIMIT, "moto did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
-        moto
+        std::thread::sleep(MOTO_SETTLE);
+        match moto.child.try_wait() {
+            Ok(None) => Some(moto),
+            _ => None,
+        }
     }
 }
 

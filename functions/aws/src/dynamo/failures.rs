@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
 use entrega_core::failure::Failure;
 use entrega_core::ids::FailureId;
-use entrega_core::ports::{CounterStore, FailureStore, StoreError, StoreResult};
+use entrega_core::ports::{CounterStore, EventStore, FailureStore, StoreError, StoreResult};
 
 use super::*;
 
@@ -17,8 +17,15 @@ fn failure_pk(id: &FailureId) -> String {
 #[async_trait]
 impl FailureStore for DynamoStore {
     async fn put_failure_if_absent(&self, failure: &Failure) -> StoreResult<bool> {
+        // The payload stays where it already is, in the event's outbox item (kept as
+        // long): copied in here, escaped inside JSON, a 256 KiB payload could pass
+        // DynamoDB's 400 KB item limit.
+        let stored = Failure {
+            payload: String::new(),
+            ..failure.clone()
+        };
         let mut item = key(failure_pk(&failure.id));
-        item.insert("json".into(), to_json(failure));
+        item.insert("json".into(), to_json(&stored));
         item.insert("tenant_id".into(), s(failure.tenant_id.as_str()));
         item.insert("gsi1pk".into(), s(format!("TF#{}", failure.tenant_id)));
         item.insert("gsi1sk".into(), s(failure.id.as_str()));
@@ -48,7 +55,14 @@ impl FailureStore for DynamoStore {
             .send()
             .await
             .map_err(backend)?;
-        out.item().map(from_json).transpose()
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let mut failure: Failure = from_json(item)?;
+        if let Some(event) = self.get_event(&failure.event_id).await? {
+            failure.payload = event.payload;
+        }
+        Ok(Some(failure))
     }
 }
 

@@ -60,7 +60,7 @@ async fn a_committed_transaction_is_delivered_and_a_cancelled_one_is_not() {
     );
     assert!(move_lead_stage(&stack, "L2", &committed, false).await);
 
-    eventually(Duration::from_secs(30), "the committed event", || async {
+    eventually(Duration::from_secs(60), "the committed event", || async {
         (receiver.count() == 1).then_some(())
     })
     .await;
@@ -238,13 +238,54 @@ async fn an_exhausted_delivery_reaches_the_failures_queue_and_its_record() {
     })
     .await;
     assert_eq!(failure["delivery_id"], id.as_str());
-    assert_eq!(failure["reason"], "exhausted");
-    assert_eq!(failure["payload"], r#"{"keep":"me"}"#);
-    assert_eq!(failure["attempt_times"].as_array().unwrap().len(), 2);
-    assert_eq!(failure["last_status_code"], 500);
+    assert_eq!(
+        failure["payload"], "",
+        "the payload is stored once, in the outbox item"
+    );
+    let failure_id: entrega_core::ids::FailureId = failure["id"].as_str().unwrap().parse().unwrap();
+    let failure = s
+        .store
+        .get_failure(&failure_id)
+        .await
+        .unwrap()
+        .expect("readable through the port");
+    assert_eq!(
+        failure.reason,
+        entrega_core::failure::FailureReason::Exhausted
+    );
+    assert_eq!(
+        failure.payload, r#"{"keep":"me"}"#,
+        "and attached again on read"
+    );
+    assert_eq!(failure.attempt_times.len(), 2);
+    assert_eq!(failure.last_status_code, Some(500));
     assert_eq!(
         delivery_state(&stack, &id).await,
         Some(DeliveryState::Exhausted)
     );
     assert_eq!(receiver.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payload_near_the_limit_travels_by_reference() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::answering(200).await;
+    endpoint(s, &tenant, receiver.url("/"), RetrySpec::default()).await;
+    // 240 KiB of quotes: escaped inside a message or a JSON record it would double.
+    let payload = serde_json::to_string(&"\"".repeat(120 * 1024)).unwrap();
+    assert!(payload.len() > 240 * 1024);
+    let e = event(s, &tenant, "big.one", &payload);
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    eventually(Duration::from_secs(30), "the large webhook", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let body: serde_json::Value = serde_json::from_str(&receiver.got()[0].body).unwrap();
+    assert_eq!(
+        body["data"].as_str().unwrap().len(),
+        120 * 1024,
+        "delivered whole, never truncated"
+    );
 }

@@ -18,6 +18,7 @@ pub async fn sdk(moto: &Moto) -> aws_config::SdkConfig {
         .endpoint_url(&moto.endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
+        .timeout_config(entrega_aws::resources::sdk_timeouts())
         .load()
         .await
 }

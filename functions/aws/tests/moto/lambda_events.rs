@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use entrega_aws::lambda::{delivery_batch, outbox_batch, outbox_records};
+use entrega_aws::lambda::{delivery_batch, failure_batch, outbox_batch, outbox_records};
 use entrega_core::handlers::task::DeliveryTask;
 use entrega_core::ids::DeliveryId;
 use entrega_core::retry::{CustomRetry, RetrySpec};
@@ -41,7 +41,7 @@ fn stream_record(seq: &str, name: &str, image: serde_json::Value) -> serde_json:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
-    let stack = Stack::start().await;
+    let stack = Stack::provisioned(std::sync::Arc::new(entrega_core::ports::SystemClock)).await;
     let s = &stack.services;
     let tenant = tenant(s).await;
     let receiver = Receiver::answering(503).await;
@@ -77,41 +77,30 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
         "fanned out"
     );
 
-    // The SQS event: take our real message off the queue so its receipt handle is valid,
-    // and put it in a Lambda-shaped event beside an unreadable one.
+    // The SQS event: the fan-out queued the task; this test plays Lambda (no pollers
+    // run here), takes the message so its receipt handle is real, and hands it over in
+    // a Lambda-shaped event beside an unreadable one.
     let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
     let queue = &stack.resources.delivery_queue_url;
-    // The background worker competes for the queue: send copies of the task until
-    // this test holds one (a copy the worker takes is harmless: same delivery).
-    let task = DeliveryTask {
-        delivery_id: id.clone(),
-        tenant_id: tenant.clone(),
-        endpoint_id: ep.id.clone(),
-        generation: 0,
-        max_concurrency: 8,
-    };
-    let body = serde_json::to_string(&task).unwrap();
-    let held = eventually(Duration::from_secs(20), "our message", || async {
-        sqs.send_message()
-            .queue_url(queue)
-            .message_body(&body)
-            .send()
-            .await
-            .unwrap();
+    let held = eventually(Duration::from_secs(20), "the queued task", || async {
         let out = sqs
             .receive_message()
             .queue_url(queue)
             .max_number_of_messages(10)
-            .visibility_timeout(300)
             .send()
             .await
             .unwrap();
         out.messages()
             .iter()
-            .find(|m| m.body() == Some(body.as_str()))
+            .find(|m| {
+                m.body()
+                    .and_then(|b| serde_json::from_str::<DeliveryTask>(b).ok())
+                    .is_some_and(|t| t.delivery_id == id)
+            })
             .cloned()
     })
     .await;
+    let body = held.body().unwrap().to_owned();
     let event: SqsEvent = serde_json::from_value(json!({"Records": [
         {
             "messageId": held.message_id().unwrap(),
@@ -202,5 +191,67 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
             .unwrap()
             .is_some(),
         "stored in DynamoDB"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_analyzer_reports_only_the_notices_it_could_not_record() {
+    use entrega_core::delivery::Delivery;
+    use entrega_core::failure::{FailureNotice, FailureReason};
+    let stack = Stack::provisioned(std::sync::Arc::new(entrega_core::ports::SystemClock)).await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let ep = endpoint(
+        s,
+        &tenant,
+        "https://hooks.example.com/".into(),
+        RetrySpec::default(),
+    )
+    .await;
+    // A delivery whose event is in the outbox, and one whose event is not (a broken
+    // store: that notice cannot be recorded and must come back).
+    let good = event(s, &tenant, "a.b", "{}");
+    s.store.publish(&good).await.unwrap();
+    let orphan = event(s, &tenant, "a.b", "{}");
+    let mut records = Vec::new();
+    for (i, e) in [&good, &orphan].into_iter().enumerate() {
+        let d = Delivery::new(
+            DeliveryId::for_event(&e.id, &ep.id, 0),
+            e,
+            ep.id.clone(),
+            false,
+            s.clock.now(),
+        );
+        s.store.create_delivery_if_absent(&d).await.unwrap();
+        let notice = FailureNotice {
+            delivery_id: d.id.clone(),
+            tenant_id: tenant.clone(),
+            generation: 0,
+            reason: FailureReason::Exhausted,
+            failed_at: s.clock.now(),
+        };
+        // Receipt handles SQS does not know: hiding the failed one fails, which the
+        // glue logs and survives (the message still returns, after the queue's timeout).
+        records.push(json!({
+            "messageId": format!("m-{i}"),
+            "receiptHandle": format!("unknown-handle-{i}"),
+            "body": serde_json::to_string(&notice).unwrap(),
+            "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {}, "md5OfBody": "0",
+            "eventSource": "aws:sqs",
+            "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:entrega-test-failures",
+            "awsRegion": "us-east-1"
+        }));
+    }
+    let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
+    let response = failure_batch(s, event, 10).await;
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    assert_eq!(
+        failed,
+        ["m-1"],
+        "only the notice that could not be recorded is kept"
     );
 }
