@@ -113,6 +113,10 @@ pub struct Delivery {
     pub delivered_at: Option<DateTime<Utc>>,
     /// Optimistic-concurrency version: every write names the version it read.
     pub version: u64,
+    /// Who asked for the current generation when it was a resend (`admin`, or
+    /// `tenant:<id>`); `None` for the original schedule.
+    #[serde(default)]
+    pub requested_by: Option<String>,
 }
 
 impl Delivery {
@@ -147,6 +151,7 @@ impl Delivery {
             updated_at: now,
             delivered_at: None,
             version: 0,
+            requested_by: None,
         }
     }
 }
@@ -157,6 +162,8 @@ pub struct Attempt {
     pub id: AttemptId,
     pub delivery_id: DeliveryId,
     pub tenant_id: TenantId,
+    /// The endpoint attempted (per-endpoint statistics read attempts by it).
+    pub endpoint_id: EndpointId,
     pub generation: u32,
     /// 1-based within its generation.
     pub number: u32,
@@ -167,6 +174,9 @@ pub struct Attempt {
     pub error: Option<String>,
     pub response_excerpt: Option<String>,
     pub trigger: Trigger,
+    /// Who asked, for attempts of a resend.
+    #[serde(default)]
+    pub requested_by: Option<String>,
 }
 
 /// Cut `text` to at most `max` bytes on a character boundary.

@@ -46,3 +46,14 @@ pub struct Failure {
     pub acknowledged_at: Option<DateTime<Utc>>,
     pub ack_note: Option<String>,
 }
+
+/// Filters of the failures list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailureQuery {
+    /// `None`: every tenant (admin).
+    pub tenant: Option<TenantId>,
+    /// `Some(false)`: only failures nobody has acknowledged yet.
+    pub acknowledged: Option<bool>,
+    pub limit: usize,
+    pub cursor: Option<String>,
+}

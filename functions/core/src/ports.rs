@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::delivery::{Attempt, Delivery, DeliveryStatus};
 use crate::endpoint::Endpoint;
 use crate::event::Event;
-use crate::failure::Failure;
+use crate::failure::{Failure, FailureQuery};
 use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
 use crate::outcome::TransportResult;
 use crate::tenant::{Principal, Tenant};
@@ -128,6 +128,13 @@ pub trait DeliveryStore: Send + Sync {
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
     async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>>;
+    /// Attempts at an endpoint started at or after `since`, newest first, at most `limit`.
+    async fn endpoint_attempts_since(
+        &self,
+        endpoint: &EndpointId,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Attempt>>;
     /// Paused deliveries of an endpoint, oldest first, at most `limit`.
     async fn paused_deliveries(
         &self,
@@ -141,6 +148,15 @@ pub trait FailureStore: Send + Sync {
     /// Store unless the id exists; `true` when this call created it.
     async fn put_failure_if_absent(&self, failure: &Failure) -> StoreResult<bool>;
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>>;
+    /// Newest first.
+    async fn list_failures(&self, query: &FailureQuery) -> StoreResult<Page<Failure>>;
+    /// Mark analyzed, with a note; the failure as stored afterwards.
+    async fn acknowledge_failure(
+        &self,
+        id: &FailureId,
+        note: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<Failure>>;
 }
 
 #[async_trait]
@@ -148,6 +164,16 @@ pub trait CounterStore: Send + Sync {
     /// Add one to the counter `key` and return the new value. Counters expire after
     /// `ttl` (hourly windows need not be kept forever).
     async fn increment(&self, key: &str, ttl: Duration) -> StoreResult<u64>;
+    /// Store `value` under `key` unless something is there already, and return what was
+    /// there (the answer to a repeated request with the same `Idempotency-Key`).
+    async fn remember_once(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<String>>;
+    /// What is remembered under `key`, unless it expired.
+    async fn recall(&self, key: &str) -> StoreResult<Option<String>>;
 }
 
 /// Everything a handler may read or write. One adapter implements all of it.

@@ -170,9 +170,11 @@ pub fn complete<R: Rng + ?Sized>(
     }
 }
 
-/// "Try now": a new generation, counter reset, same event id.
-pub fn resend(delivery: &Delivery, now: DateTime<Utc>) -> Delivery {
+/// "Try now": a new generation, counter reset, same event id; `requested_by` says who
+/// asked, for the log.
+pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> Delivery {
     let mut next = delivery.clone();
+    next.requested_by = Some(requested_by.to_owned());
     next.generation += 1;
     next.attempt_count = 0;
     next.state = DeliveryState::Pending;
@@ -225,6 +227,7 @@ fn interrupted_attempt(delivery: &Delivery) -> Attempt {
         id: AttemptId::generate(),
         delivery_id: delivery.id.clone(),
         tenant_id: delivery.tenant_id.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
         generation: delivery.generation,
         number: delivery.attempt_count,
         started_at: delivery.updated_at,
@@ -234,6 +237,7 @@ fn interrupted_attempt(delivery: &Delivery) -> Attempt {
         error: Some(INTERRUPTED_ERROR.to_owned()),
         response_excerpt: None,
         trigger: delivery.trigger,
+        requested_by: delivery.requested_by.clone(),
     }
 }
 
@@ -258,6 +262,7 @@ fn attempt_from_report(
         id: AttemptId::generate(),
         delivery_id: delivery.id.clone(),
         tenant_id: delivery.tenant_id.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
         generation: delivery.generation,
         number: delivery.attempt_count,
         started_at: report.started_at,
@@ -267,6 +272,7 @@ fn attempt_from_report(
         error,
         response_excerpt: excerpt,
         trigger: delivery.trigger,
+        requested_by: delivery.requested_by.clone(),
     }
 }
 

@@ -227,7 +227,7 @@ fn resend_resets_the_counter_and_supersedes_old_messages() {
         &mut StdRng::seed_from_u64(6),
     );
     assert_eq!(done.delivery.state, DeliveryState::Exhausted);
-    let again = resend(&done.delivery, t0());
+    let again = resend(&done.delivery, "admin", t0());
     assert_eq!(
         (again.generation, again.attempt_count, again.trigger),
         (1, 0, Trigger::Manual)

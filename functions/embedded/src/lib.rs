@@ -2,6 +2,7 @@
 //! ports, pollers play the parts Lambda's event source mappings play on AWS, and the
 //! `entrega` binary wires it all to the shared API router.
 
+pub mod cli;
 pub mod notifier;
 pub mod runtime;
 pub mod serve;

@@ -11,6 +11,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use entrega_aws::provision::provision;
 use entrega_aws::resources::{dynamo_store, sdk_config, AwsResources, ResourceNames};
 use entrega_core::ports::SystemClock;
+use entrega_embedded::cli::{
+    self, ApiArgs, DeliveriesCommand, EndpointsCommand, FailuresCommand, ResendArgs,
+};
 use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
 use entrega_embedded::sqlite::{SqliteDb, SqliteStore};
 use entrega_http::transport::TargetPolicy;
@@ -33,6 +36,34 @@ enum Command {
     Provision(StorageArgs),
     /// Mint a new admin API key, store its hash, and print the key once.
     AdminKey(StorageArgs),
+    /// The delivery log.
+    Deliveries {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: DeliveriesCommand,
+    },
+    /// Resend one delivery now, or every delivery matching a filter in a window.
+    Resend {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(flatten)]
+        args: ResendArgs,
+    },
+    /// Dead-letter records.
+    Failures {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: FailuresCommand,
+    },
+    /// Endpoints.
+    Endpoints {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: EndpointsCommand,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,6 +118,9 @@ struct ServeArgs {
     /// Failures per tenant per hour above which an alert is raised.
     #[arg(long, env = "ENTREGA_ALERT_THRESHOLD", default_value_t = entrega_core::handlers::failures::DEFAULT_ALERT_THRESHOLD)]
     alert_threshold: u64,
+    /// API requests per second per key (token bucket; the burst is twice this).
+    #[arg(long, env = "ENTREGA_API_RATE_LIMIT", default_value_t = entrega_http::api::rate_limit::DEFAULT_RATE_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..))]
+    api_rate_limit: u32,
     /// Log format.
     #[arg(long, env = "ENTREGA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -130,6 +164,7 @@ async fn run(command: Command) -> Result<(), BoxError> {
                 },
                 admin_key: args.admin_key,
                 alert_threshold: args.alert_threshold,
+                api_rate_limit: args.api_rate_limit,
             })
             .await
         }
@@ -156,6 +191,10 @@ async fn run(command: Command) -> Result<(), BoxError> {
             );
             Ok(())
         }
+        Command::Deliveries { api, command } => Ok(cli::deliveries(&api, command).await?),
+        Command::Resend { api, args } => Ok(cli::resend(&api, args).await?),
+        Command::Failures { api, command } => Ok(cli::failures(&api, command).await?),
+        Command::Endpoints { api, command } => Ok(cli::endpoints(&api, command).await?),
         Command::AdminKey(args) => {
             let key = match args.backend() {
                 // The store alone: a running `serve` on the same file keeps its work.

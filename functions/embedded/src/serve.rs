@@ -13,6 +13,7 @@ use entrega_aws::emulation::Emulation;
 use entrega_aws::resources::{aws_services, sdk_config, AwsResources};
 use entrega_core::ports::{Clock, Services, SystemClock, TenantStore};
 use entrega_core::tenant::{generate_api_key, hash_api_key, Principal};
+use entrega_http::api::rate_limit::RateLimiter;
 use entrega_http::api::{router, AppState};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
@@ -44,6 +45,8 @@ pub struct ServeConfig {
     pub targets: TargetPolicy,
     pub admin_key: Option<String>,
     pub alert_threshold: u64,
+    /// API requests per second per key (burst: twice as many).
+    pub api_rate_limit: u32,
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -155,6 +158,7 @@ where
     let app = router(AppState {
         services,
         targets: Arc::new(config.targets.clone()),
+        limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
     });
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;

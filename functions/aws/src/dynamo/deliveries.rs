@@ -68,6 +68,12 @@ impl DynamoStore {
                 s(format!("ATT#{:05}#{:05}#{}", a.generation, a.number, a.id)),
             ),
             ("json".to_owned(), to_json(a)),
+            // Per-endpoint statistics read an endpoint's attempts by time.
+            ("gsi2pk".to_owned(), s(format!("EA#{}", a.endpoint_id))),
+            (
+                "gsi2sk".to_owned(),
+                s(format!("{}#{}", format_timestamp(a.started_at), a.id)),
+            ),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ])
     }
@@ -277,6 +283,40 @@ impl DeliveryStore for DynamoStore {
             .await
             .map_err(backend)?;
         out.items().iter().map(from_json).collect()
+    }
+
+    async fn endpoint_attempts_since(
+        &self,
+        endpoint: &EndpointId,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Attempt>> {
+        let mut attempts = Vec::new();
+        let mut start = None;
+        while attempts.len() < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.main_table)
+                .index_name("gsi2")
+                .key_condition_expression("gsi2pk = :pk AND gsi2sk >= :since")
+                .expression_attribute_values(":pk", s(format!("EA#{endpoint}")))
+                .expression_attribute_values(":since", s(format_timestamp(since)))
+                .scan_index_forward(false)
+                .limit((limit - attempts.len()).min(500) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(backend)?;
+            for item in out.items() {
+                attempts.push(from_json(item)?);
+            }
+            match out.last_evaluated_key() {
+                Some(k) => start = Some(k.clone()),
+                None => break,
+            }
+        }
+        Ok(attempts)
     }
 
     async fn paused_deliveries(

@@ -4,11 +4,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
-use entrega_core::failure::Failure;
+use chrono::{DateTime, Utc};
+use entrega_core::failure::{Failure, FailureQuery};
 use entrega_core::ids::FailureId;
-use entrega_core::ports::{CounterStore, EventStore, FailureStore, StoreError, StoreResult};
+use entrega_core::ports::{CounterStore, EventStore, FailureStore, Page, StoreError, StoreResult};
 
 use super::*;
+
+/// The gsi3 partition of every failure (the admin's list). Failures are the rare case
+/// by design; a partition per day is the step if they stop being.
+const ALL_FAILURES: &str = "ALL_FAIL";
 
 fn failure_pk(id: &FailureId) -> String {
     format!("FAIL#{id}")
@@ -29,6 +34,8 @@ impl FailureStore for DynamoStore {
         item.insert("tenant_id".into(), s(failure.tenant_id.as_str()));
         item.insert("gsi1pk".into(), s(format!("TF#{}", failure.tenant_id)));
         item.insert("gsi1sk".into(), s(failure.id.as_str()));
+        item.insert("gsi3pk".into(), s(ALL_FAILURES));
+        item.insert("gsi3sk".into(), s(failure.id.as_str()));
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at());
         match self
             .client
@@ -45,7 +52,51 @@ impl FailureStore for DynamoStore {
         }
     }
 
-    async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
+    async fn list_failures(&self, q: &FailureQuery) -> StoreResult<Page<Failure>> {
+        let part = match &q.tenant {
+            Some(t) => Partition {
+                index: Some("gsi1"),
+                pk_attr: "gsi1pk",
+                pk: format!("TF#{t}"),
+                sk_attr: "gsi1sk",
+            },
+            None => Partition {
+                index: Some("gsi3"),
+                pk_attr: "gsi3pk",
+                pk: ALL_FAILURES.into(),
+                sk_attr: "gsi3sk",
+            },
+        };
+        let keep = |item: &Item| match (q.acknowledged, from_json::<Failure>(item)) {
+            (None, _) => true,
+            (Some(want), Ok(f)) => f.acknowledged_at.is_some() == want,
+            (Some(_), Err(_)) => false,
+        };
+        let mut pages = 0;
+        let found = self
+            .collect_desc(&part, q.cursor.as_deref(), q.limit + 1, &keep, &mut pages)
+            .await?;
+        let mut data = Vec::with_capacity(found.items.len());
+        for item in &found.items {
+            data.push(self.with_payload(from_json(item)?).await?);
+        }
+        let next_cursor = if data.len() > q.limit {
+            data.truncate(q.limit);
+            data.last().map(|f| f.id.to_string())
+        } else if found.more {
+            found.last_seen
+        } else {
+            None
+        };
+        Ok(Page { data, next_cursor })
+    }
+
+    async fn acknowledge_failure(
+        &self,
+        id: &FailureId,
+        note: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<Failure>> {
         let out = self
             .client
             .get_item()
@@ -59,10 +110,47 @@ impl FailureStore for DynamoStore {
             return Ok(None);
         };
         let mut failure: Failure = from_json(item)?;
+        failure.acknowledged_at = Some(at);
+        failure.ack_note = Some(note.to_owned());
+        // Acknowledging twice is harmless: the later note wins.
+        self.client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(failure_pk(id))))
+            .condition_expression("attribute_exists(pk)")
+            .update_expression("SET #json = :json")
+            .expression_attribute_names("#json", "json")
+            .expression_attribute_values(":json", to_json(&failure))
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(Some(self.with_payload(failure).await?))
+    }
+
+    async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(failure_pk(id))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        Ok(Some(self.with_payload(from_json(item)?).await?))
+    }
+}
+
+impl DynamoStore {
+    /// Attach the payload, which lives once, in the event's outbox item.
+    async fn with_payload(&self, mut failure: Failure) -> StoreResult<Failure> {
         if let Some(event) = self.get_event(&failure.event_id).await? {
             failure.payload = event.payload;
         }
-        Ok(Some(failure))
+        Ok(failure)
     }
 }
 
@@ -89,5 +177,57 @@ impl CounterStore for DynamoStore {
             .and_then(|v| v.as_n().ok())
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| StoreError::Backend("the counter update returned no value".into()))
+    }
+
+    async fn remember_once(
+        &self,
+        remembered: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<String>> {
+        let now = self.clock.now().timestamp();
+        let mut item = key(format!("REMEMBER#{remembered}"));
+        item.insert("value".into(), s(value));
+        item.insert(TTL_ATTRIBUTE.into(), n(now + ttl.as_secs() as i64));
+        // DynamoDB deletes expired items lazily (up to days late): an expired one counts
+        // as absent here.
+        match self
+            .client
+            .put_item()
+            .table_name(&self.main_table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk) OR #ttl < :now")
+            .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
+            .expression_attribute_values(":now", n(now))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(None),
+            Err(e) if is_condition_failure(&e) => self.recall(remembered).await,
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn recall(&self, remembered: &str) -> StoreResult<Option<String>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(format!("REMEMBER#{remembered}"))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        let now = self.clock.now().timestamp();
+        Ok(out
+            .item()
+            .filter(|i| {
+                i.get(TTL_ATTRIBUTE)
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_none_or(|exp| exp >= now)
+            })
+            .and_then(|i| get_s(i, "value"))
+            .map(str::to_owned))
     }
 }

@@ -146,6 +146,7 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
     let app = entrega_http::api::router(entrega_http::api::AppState {
         services: stack.services.clone(),
         targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
+        limiter: None,
     });
     let admin_key = entrega_core::tenant::generate_api_key();
     stack

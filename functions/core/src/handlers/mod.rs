@@ -5,6 +5,7 @@
 
 pub mod failures;
 pub mod fanout;
+pub mod resend;
 pub mod resume;
 pub mod task;
 pub mod webhook;

@@ -63,6 +63,14 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         return endpoint_gone(services, &delivery).await;
     };
     let now = services.clock.now();
+    if task.generation > delivery.generation {
+        // A resend queued this before writing its generation: wait for the write, but
+        // not forever (the resend may have died between the two).
+        if now - delivery.updated_at < super::resend::FUTURE_GENERATION_GRACE {
+            return Ok(Disposition::RetryIn(CONFLICT_BACKOFF));
+        }
+        return Ok(Disposition::Done);
+    }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
             save_or_backoff(services, &state_machine::pause(&delivery, now), &[]).await?;

@@ -1,6 +1,7 @@
 //! Deliveries and their attempts in SQLite.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
 use entrega_core::ids::{DeliveryId, EndpointId, EventId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
@@ -104,10 +105,13 @@ impl DeliveryStore for SqliteStore {
                 }
                 for a in &attempts {
                     tx.execute(
-                        "INSERT INTO attempts (id, delivery_id, json) VALUES (?1, ?2, ?3)",
+                        "INSERT INTO attempts (id, delivery_id, endpoint_id, started_at, json)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
                         params![
                             a.id.as_str(),
                             a.delivery_id.as_str(),
+                            a.endpoint_id.as_str(),
+                            ts(a.started_at),
                             serde_json::to_string(a)?
                         ],
                     )?;
@@ -190,6 +194,32 @@ impl DeliveryStore for SqliteStore {
                     "SELECT json FROM deliveries WHERE event_id = ?1 ORDER BY id",
                     vec![SqlValue::Text(id)],
                 )
+            })
+            .await
+    }
+
+    async fn endpoint_attempts_since(
+        &self,
+        endpoint: &EndpointId,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Attempt>> {
+        let (endpoint, since) = (endpoint.to_string(), ts(since));
+        self.db
+            .call(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM attempts WHERE endpoint_id = ?1 AND started_at >= ?2
+                     ORDER BY started_at DESC LIMIT ?3",
+                )?;
+                let rows = stmt
+                    .query_map(params![endpoint, since, limit as i64], |r| {
+                        r.get::<_, String>(0)
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows
+                    .iter()
+                    .map(|j| serde_json::from_str(j))
+                    .collect::<Result<Vec<_>, _>>()?)
             })
             .await
     }

@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use entrega_core::failure::Failure;
+use chrono::{DateTime, Utc};
+use entrega_core::failure::{Failure, FailureQuery};
 use entrega_core::ids::FailureId;
-use entrega_core::ports::{CounterStore, FailureStore, StoreResult};
+use entrega_core::ports::{CounterStore, FailureStore, Page, StoreResult};
 use rusqlite::{params, OptionalExtension};
 
 use super::SqliteStore;
@@ -23,6 +24,71 @@ impl FailureStore for SqliteStore {
                     params![id, tenant, json],
                 )?;
                 Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn list_failures(&self, q: &FailureQuery) -> StoreResult<Page<Failure>> {
+        let q = q.clone();
+        self.db
+            .call(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM failures
+                     WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR id < ?2)
+                       AND (?3 IS NULL OR (json_extract(json, '$.acknowledged_at') IS NOT NULL) = ?3)
+                     ORDER BY id DESC LIMIT ?4",
+                )?;
+                let rows = stmt
+                    .query_map(
+                        params![
+                            q.tenant.as_ref().map(|t| t.to_string()),
+                            q.cursor,
+                            q.acknowledged,
+                            (q.limit + 1) as i64
+                        ],
+                        |r| r.get::<_, String>(0),
+                    )?
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut data = rows
+                    .iter()
+                    .map(|j| serde_json::from_str::<Failure>(j))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let next_cursor = if data.len() > q.limit {
+                    data.truncate(q.limit);
+                    data.last().map(|f| f.id.to_string())
+                } else {
+                    None
+                };
+                Ok(Page { data, next_cursor })
+            })
+            .await
+    }
+
+    async fn acknowledge_failure(
+        &self,
+        id: &FailureId,
+        note: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<Failure>> {
+        let (id, note) = (id.to_string(), note.to_owned());
+        self.db
+            .call(move |conn| {
+                let tx = conn.transaction()?;
+                let json: Option<String> = tx
+                    .query_row("SELECT json FROM failures WHERE id = ?1", [&id], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                let Some(json) = json else { return Ok(None) };
+                let mut failure: Failure = serde_json::from_str(&json)?;
+                failure.acknowledged_at = Some(at);
+                failure.ack_note = Some(note);
+                tx.execute(
+                    "UPDATE failures SET json = ?2 WHERE id = ?1",
+                    params![id, serde_json::to_string(&failure)?],
+                )?;
+                tx.commit()?;
+                Ok(Some(failure))
             })
             .await
     }
@@ -60,6 +126,52 @@ impl CounterStore for SqliteStore {
                     |r| r.get(0),
                 )?;
                 Ok(value as u64)
+            })
+            .await
+    }
+
+    async fn recall(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_owned();
+        let now = self.clock.now().timestamp();
+        self.db
+            .call(move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT value FROM remembered WHERE key = ?1 AND expires_at >= ?2",
+                        params![key, now],
+                        |r| r.get(0),
+                    )
+                    .optional()?)
+            })
+            .await
+    }
+
+    async fn remember_once(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<String>> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        let now = self.clock.now().timestamp();
+        let expires_at = now + ttl.as_secs() as i64;
+        self.db
+            .call(move |conn| {
+                let tx = conn.transaction()?;
+                tx.execute("DELETE FROM remembered WHERE expires_at < ?1", [now])?;
+                let existing: Option<String> = tx
+                    .query_row("SELECT value FROM remembered WHERE key = ?1", [&key], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                if existing.is_none() {
+                    tx.execute(
+                        "INSERT INTO remembered (key, value, expires_at) VALUES (?1, ?2, ?3)",
+                        params![key, value, expires_at],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(existing)
             })
             .await
     }

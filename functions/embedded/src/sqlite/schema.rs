@@ -47,9 +47,12 @@ CREATE INDEX IF NOT EXISTS deliveries_by_event ON deliveries (event_id);
 CREATE TABLE IF NOT EXISTS attempts (
     id TEXT PRIMARY KEY,
     delivery_id TEXT NOT NULL,
+    endpoint_id TEXT NOT NULL,
+    started_at TEXT NOT NULL,
     json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS attempts_by_delivery ON attempts (delivery_id);
+CREATE INDEX IF NOT EXISTS attempts_by_endpoint ON attempts (endpoint_id, started_at);
 
 CREATE TABLE IF NOT EXISTS failures (
     id TEXT PRIMARY KEY,
@@ -57,6 +60,13 @@ CREATE TABLE IF NOT EXISTS failures (
     json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS failures_by_tenant ON failures (tenant_id, id);
+
+-- Answers to requests made with an Idempotency-Key, kept for a day.
+CREATE TABLE IF NOT EXISTS remembered (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS counters (
     key TEXT PRIMARY KEY,

@@ -95,3 +95,110 @@ async fn serve_on_the_aws_backend_delivers_through_dynamodb_and_sqs() {
     let (status, _) = server.api(&key).get("/v1/endpoints").await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resend_and_failures_on_the_aws_backend() {
+    let moto = Moto::start();
+    let env = aws_env(&moto);
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_entrega"))
+        .args(["provision", "--backend", "aws", "--aws-prefix", "sup"])
+        .envs(env_refs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = TempDir::new("aws-support");
+    let server = Server::start_env(
+        &dir,
+        &[
+            "--backend",
+            "aws",
+            "--aws-prefix",
+            "sup",
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+        ],
+        &env_refs,
+    );
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let (_, other) = server.admin().tenant("Other").await;
+    let receiver = Receiver::start(vec![Reply::status(500)], Reply::status(200)).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": "none"}))
+        .await;
+    let id = acme.publish("a.b", json!({"x": 1})).await;
+
+    let failure = eventually(Duration::from_secs(30), "a failure in DynamoDB", || async {
+        let (_, page) = acme.get("/v1/failures").await;
+        page["data"].as_array().and_then(|d| d.first().cloned())
+    })
+    .await;
+    let fid = failure["id"].as_str().unwrap();
+    assert_eq!(
+        (failure["event_id"].as_str(), &failure["payload"]),
+        (Some(id.as_str()), &json!({"x": 1}))
+    );
+    assert_eq!(other.get(&format!("/v1/failures/{fid}")).await.0, 404);
+    let (status, acked) = acme
+        .post(&format!("/v1/failures/{fid}/ack"), json!({"note": "on it"}))
+        .await;
+    assert_eq!((status, acked["ack_note"].as_str()), (200, Some("on it")));
+    let (_, open) = acme.get("/v1/failures?acknowledged=false").await;
+    assert!(open["data"].as_array().unwrap().is_empty());
+
+    let (status, _) = acme
+        .post(&format!("/v1/failures/{fid}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    eventually(
+        Duration::from_secs(30),
+        "redelivered through SQS",
+        || async { (receiver.count() == 2).then_some(()) },
+    )
+    .await;
+    let dlv = eventually(Duration::from_secs(10), "delivered", || async {
+        let d = acme.deliveries_of(&id).await;
+        d.first()
+            .filter(|d| d["status"] == "delivered")
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+
+    // Single and batch resend of a delivered one: a new generation each, same webhook-id.
+    assert_eq!(
+        other
+            .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+            .await
+            .0,
+        404
+    );
+    let (status, _) = acme
+        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    eventually(Duration::from_secs(30), "the third attempt", || async {
+        (receiver.count() == 3).then_some(())
+    })
+    .await;
+    let (_, batch) = acme
+        .post("/v1/deliveries/resend", json!({"ids": [dlv]}))
+        .await;
+    assert_eq!(batch["queued"], 1);
+    eventually(Duration::from_secs(30), "the fourth attempt", || async {
+        (receiver.count() == 4).then_some(())
+    })
+    .await;
+    assert!(receiver.got().iter().all(|r| r.header("webhook-id") == id));
+    let (_, stats) = acme
+        .get(&format!(
+            "/v1/endpoints/{}/stats",
+            ep["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(stats["attempts"], 4, "{stats}");
+}

@@ -31,10 +31,18 @@ impl Server {
     pub fn start_env(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let db = dir.0.join("entrega.db");
         let log = dir.0.join(format!("serve-{}.log", rand::random::<u32>()));
+        // Load tests publish hundreds of events a second with one key: lift the API
+        // rate limit unless the test is about it.
+        let limit: &[&str] = if extra.contains(&"--api-rate-limit") {
+            &[]
+        } else {
+            &["--api-rate-limit", "100000"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
             .args(["serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(&db)
             .args(extra)
+            .args(limit)
             .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())

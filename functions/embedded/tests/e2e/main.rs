@@ -2,10 +2,13 @@
 
 mod api_errors;
 mod aws_backend;
+mod cli;
 mod crash;
 mod delivery;
 mod fairness;
 mod harness;
 mod isolation;
+mod openapi;
 mod retries;
 mod ssrf;
+mod support_tools;

@@ -52,6 +52,14 @@ impl Caller {
         self.principal == Principal::Admin
     }
 
+    /// Who this is, for the log of a resend: `admin` or `tenant:<id>`.
+    pub fn label(&self) -> String {
+        match &self.principal {
+            Principal::Admin => "admin".to_owned(),
+            Principal::Tenant(t) => format!("tenant:{t}"),
+        }
+    }
+
     pub fn require_admin(&self) -> ApiResult<()> {
         if self.is_admin() {
             Ok(())

@@ -6,7 +6,12 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod events;
 pub mod extract;
+pub mod failures;
+pub mod openapi;
 pub mod problem;
+pub mod rate_limit;
+pub mod resend;
+pub mod stats;
 pub mod tenants;
 pub mod views;
 
@@ -32,6 +37,8 @@ pub struct AppState {
     /// Checked when an endpoint's URL is written, so a refused target is a clear 422
     /// at once rather than a failed delivery later.
     pub targets: Arc<TargetPolicy>,
+    /// Per-key API rate limit; `None` turns it off.
+    pub limiter: Option<Arc<rate_limit::RateLimiter>>,
 }
 
 /// `limit` from the query: 1 to [`MAX_PAGE_SIZE`], default [`DEFAULT_PAGE_SIZE`].
@@ -65,7 +72,15 @@ pub fn router(state: AppState) -> Router {
         .merge(endpoints::router())
         .merge(events::router())
         .merge(deliveries::router())
+        .merge(resend::router())
+        .merge(failures::router())
+        .merge(stats::router())
+        .merge(openapi::router())
         .fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate_limit::limit,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

@@ -4,6 +4,7 @@
 use entrega_core::delivery::{Attempt, Delivery};
 use entrega_core::endpoint::Endpoint;
 use entrega_core::event::{format_timestamp, Event};
+use entrega_core::failure::Failure;
 use entrega_core::tenant::Tenant;
 use serde_json::{json, Value};
 
@@ -56,6 +57,29 @@ pub fn delivery_view(d: &Delivery) -> Value {
         "next_attempt_at": ts(d.next_attempt_at.filter(|_| !d.state.is_terminal())),
         "created_at": format_timestamp(d.created_at),
         "delivered_at": ts(d.delivered_at),
+        "generation": d.generation,
+        "requested_by": d.requested_by,
+    })
+}
+
+/// A dead-letter record, with its payload as JSON.
+pub fn failure_view(f: &Failure) -> Value {
+    let payload: Value = serde_json::from_str(&f.payload).unwrap_or(Value::Null);
+    json!({
+        "id": f.id,
+        "tenant_id": f.tenant_id,
+        "delivery_id": f.delivery_id,
+        "event_id": f.event_id,
+        "event_type": f.event_type,
+        "endpoint_id": f.endpoint_id,
+        "reason": f.reason,
+        "payload": payload,
+        "attempt_times": f.attempt_times.iter().map(|t| format_timestamp(*t)).collect::<Vec<_>>(),
+        "last_status_code": f.last_status_code,
+        "last_error": f.last_error,
+        "created_at": format_timestamp(f.created_at),
+        "acknowledged_at": ts(f.acknowledged_at),
+        "ack_note": f.ack_note,
     })
 }
 
@@ -70,6 +94,7 @@ pub fn attempt_view(a: &Attempt) -> Value {
         "failure_kind": a.failure_kind,
         "response_excerpt": a.response_excerpt,
         "trigger": a.trigger,
+        "requested_by": a.requested_by,
     })
 }
 

@@ -1,0 +1,62 @@
+//! Resending: "try now" for one delivery, and batches of them. The attempt counter
+//! starts again, the event id (and so `webhook-id`) stays, and the request is signed
+//! with the endpoint's secrets as they are now.
+
+use std::time::Duration;
+
+use chrono::Duration as ChronoDuration;
+
+use crate::delivery::Delivery;
+use crate::ports::{Services, StoreError};
+use crate::state_machine;
+
+use super::task::DeliveryTask;
+
+/// Writes lost to a concurrent change before a resend gives up with a conflict.
+const RESEND_TRIES: usize = 3;
+/// How long a message of a generation the store does not show yet is kept waiting for
+/// the resend's write; past this, the write never happened and the message is dropped.
+pub const FUTURE_GENERATION_GRACE: ChronoDuration = ChronoDuration::seconds(60);
+
+/// Why a resend could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResendError {
+    #[error("the endpoint of this delivery was deleted")]
+    EndpointGone,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Start a new generation of `delivery` now. The message is queued *before* the new
+/// generation is written: a crash in between leaves a message the worker drops after
+/// [`FUTURE_GENERATION_GRACE`], never a pending delivery without a message.
+pub async fn resend_delivery(
+    services: &Services,
+    delivery: &Delivery,
+    requested_by: &str,
+) -> Result<Delivery, ResendError> {
+    let endpoint = services
+        .store
+        .get_endpoint(&delivery.endpoint_id)
+        .await?
+        .ok_or(ResendError::EndpointGone)?;
+    let mut current = delivery.clone();
+    for _ in 0..RESEND_TRIES {
+        let next = state_machine::resend(&current, requested_by, services.clock.now());
+        let message =
+            DeliveryTask::for_delivery(&next, &endpoint).message(&endpoint, Duration::ZERO);
+        services.deliveries.send(vec![message]).await?;
+        match services.store.save_delivery(&next, &[]).await {
+            Ok(saved) => return Ok(saved),
+            Err(StoreError::Conflict(_)) => {
+                current = services
+                    .store
+                    .get_delivery(&delivery.id)
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("the delivery vanished".into()))?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Conflict(format!("delivery {} kept changing; try again", delivery.id)).into())
+}

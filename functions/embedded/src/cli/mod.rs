@@ -1,0 +1,353 @@
+//! The operator CLI: `entrega deliveries|resend|failures|endpoints …` over the HTTP API
+//! with a key, so it works against `entrega serve` and the AWS API alike. Human tables
+//! by default, `--output json` for scripts; an API error prints its title and detail and
+//! exits non-zero.
+
+pub mod client;
+
+use std::io::Write;
+
+use chrono::{DateTime, Utc};
+use clap::{Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use client::{cell, query, table, CliError, Client};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Where the API is and how to answer, shared by every operator command.
+#[derive(clap::Args)]
+pub struct ApiArgs {
+    /// The Entrega API.
+    #[arg(
+        long,
+        env = "ENTREGA_URL",
+        default_value = "http://127.0.0.1:8787",
+        global = true
+    )]
+    pub url: String,
+    /// An API key (a tenant's, or admin).
+    #[arg(long, env = "ENTREGA_API_KEY", hide_env_values = true, global = true)]
+    pub api_key: Option<String>,
+    /// Human tables, or JSON for scripts.
+    #[arg(long, value_enum, default_value = "table", global = true)]
+    pub output: Output,
+}
+
+#[derive(Subcommand)]
+pub enum DeliveriesCommand {
+    /// The delivery log, newest first.
+    List {
+        #[arg(long)]
+        endpoint: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        event_type: Option<String>,
+        #[arg(long)]
+        since: Option<DateTime<Utc>>,
+        #[arg(long)]
+        until: Option<DateTime<Utc>>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// One delivery with every attempt.
+    Show { id: String },
+}
+
+#[derive(clap::Args)]
+pub struct ResendArgs {
+    /// One delivery to try now.
+    pub id: Option<String>,
+    #[arg(long, conflicts_with = "id")]
+    pub endpoint: Option<String>,
+    #[arg(long, conflicts_with = "id")]
+    pub status: Option<String>,
+    #[arg(long, conflicts_with = "id")]
+    pub event_type: Option<String>,
+    #[arg(long, conflicts_with = "id", requires = "until")]
+    pub since: Option<DateTime<Utc>>,
+    #[arg(long, conflicts_with = "id", requires = "since")]
+    pub until: Option<DateTime<Utc>>,
+}
+
+#[derive(Subcommand)]
+pub enum FailuresCommand {
+    /// Dead-letter records, newest first.
+    List {
+        /// Only acknowledged (true) or only unacknowledged (false) ones.
+        #[arg(long)]
+        acknowledged: Option<bool>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Mark a failure analyzed.
+    Ack {
+        id: String,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum EndpointsCommand {
+    List,
+    Show {
+        id: String,
+    },
+    /// The last 24 hours of an endpoint.
+    Stats {
+        id: String,
+    },
+    Disable {
+        id: String,
+    },
+    /// Re-enable; its paused deliveries resume.
+    Enable {
+        id: String,
+    },
+}
+
+fn client(args: &ApiArgs) -> Result<Client, CliError> {
+    let key = args
+        .api_key
+        .as_deref()
+        .ok_or_else(|| CliError("an API key is needed: --api-key or ENTREGA_API_KEY".into()))?;
+    Ok(Client::new(&args.url, key))
+}
+
+fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {
+    if args.output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+        return;
+    }
+    let rows: Vec<&Value> = match value.get("data").and_then(Value::as_array) {
+        Some(rows) => rows.iter().collect(),
+        None => vec![value],
+    };
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| fields.iter().map(|f| cell(&r[*f])).collect())
+        .collect();
+    println!("{}", table(headers, &rows));
+    if let Some(cursor) = value.get("next_cursor").and_then(Value::as_str) {
+        println!("(more: --cursor {cursor})");
+    }
+}
+
+const DELIVERY_COLUMNS: (&[&str], &[&str]) = (
+    &[
+        "ID", "EVENT", "TYPE", "ENDPOINT", "STATUS", "ATTEMPTS", "LAST", "CREATED",
+    ],
+    &[
+        "id",
+        "event_id",
+        "event_type",
+        "endpoint_id",
+        "status",
+        "attempt_count",
+        "last_status_code",
+        "created_at",
+    ],
+);
+
+pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<(), CliError> {
+    let api = client(args)?;
+    match command {
+        DeliveriesCommand::List {
+            endpoint,
+            status,
+            event_type,
+            since,
+            until,
+            limit,
+        } => {
+            let q = query(&[
+                ("endpoint_id", endpoint),
+                ("status", status),
+                ("event_type", event_type),
+                ("since", since.map(|t| t.to_rfc3339())),
+                ("until", until.map(|t| t.to_rfc3339())),
+                ("limit", Some(limit.to_string())),
+            ]);
+            let page = api.get(&format!("/v1/deliveries{q}")).await?;
+            print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+        }
+        DeliveriesCommand::Show { id } => {
+            let d = api.get(&format!("/v1/deliveries/{id}")).await?;
+            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+            if args.output == Output::Table {
+                let attempts = json!({ "data": d["attempts"] });
+                println!();
+                print(
+                    args,
+                    &attempts,
+                    &["#", "STARTED", "MS", "STATUS", "ERROR", "TRIGGER"],
+                    &[
+                        "number",
+                        "started_at",
+                        "duration_ms",
+                        "status_code",
+                        "error",
+                        "trigger",
+                    ],
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
+    let api = client(args)?;
+    if let Some(id) = r.id {
+        let d = api
+            .post(&format!("/v1/deliveries/{id}/resend"), json!({}))
+            .await?;
+        print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+        return Ok(());
+    }
+    let (Some(since), Some(until)) = (r.since, r.until) else {
+        return Err(CliError(
+            "give a delivery id, or --since and --until with filters".into(),
+        ));
+    };
+    // Page through the window, one bounded request at a time, showing progress.
+    let mut body = json!({
+        "endpoint_id": r.endpoint, "status": r.status, "event_type": r.event_type,
+        "since": since.to_rfc3339(), "until": until.to_rfc3339(),
+    });
+    body.as_object_mut()
+        .expect("an object")
+        .retain(|_, v| !v.is_null());
+    let mut total = 0u64;
+    let mut requests = 0u64;
+    loop {
+        let answer = api.post("/v1/deliveries/resend", body.clone()).await?;
+        requests += 1;
+        total += answer["queued"].as_u64().unwrap_or(0);
+        if args.output == Output::Table {
+            eprint!("\rresending… {total} queued");
+            let _ = std::io::stderr().flush();
+        }
+        match answer["next_cursor"].as_str() {
+            Some(cursor) => body["cursor"] = json!(cursor),
+            None => break,
+        }
+    }
+    if args.output == Output::Json {
+        println!("{}", json!({ "queued": total, "requests": requests }));
+    } else {
+        eprintln!();
+        println!("{total} deliveries queued for resend ({requests} request(s))");
+    }
+    Ok(())
+}
+
+pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), CliError> {
+    let api = client(args)?;
+    let columns: (&[&str], &[&str]) = (
+        &["ID", "DELIVERY", "TYPE", "REASON", "LAST", "ERROR", "ACKED"],
+        &[
+            "id",
+            "delivery_id",
+            "event_type",
+            "reason",
+            "last_status_code",
+            "last_error",
+            "acknowledged_at",
+        ],
+    );
+    match command {
+        FailuresCommand::List {
+            acknowledged,
+            limit,
+        } => {
+            let q = query(&[
+                ("acknowledged", acknowledged.map(|a| a.to_string())),
+                ("limit", Some(limit.to_string())),
+            ]);
+            print(
+                args,
+                &api.get(&format!("/v1/failures{q}")).await?,
+                columns.0,
+                columns.1,
+            );
+        }
+        FailuresCommand::Ack { id, note } => {
+            let f = api
+                .post(&format!("/v1/failures/{id}/ack"), json!({ "note": note }))
+                .await?;
+            print(args, &f, columns.0, columns.1);
+        }
+    }
+    Ok(())
+}
+
+pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), CliError> {
+    let api = client(args)?;
+    let columns: (&[&str], &[&str]) = (
+        &["ID", "URL", "TYPES", "MODE", "RETRY", "DISABLED"],
+        &["id", "url", "event_types", "mode", "retry", "disabled"],
+    );
+    let patch = |id: &str, disabled: bool| {
+        let path = format!("/v1/endpoints/{id}");
+        let api = &api;
+        async move {
+            api.call(
+                reqwest::Method::PATCH,
+                &path,
+                Some(json!({ "disabled": disabled })),
+            )
+            .await
+        }
+    };
+    match command {
+        EndpointsCommand::List => {
+            print(args, &api.get("/v1/endpoints").await?, columns.0, columns.1)
+        }
+        EndpointsCommand::Show { id } => print(
+            args,
+            &api.get(&format!("/v1/endpoints/{id}")).await?,
+            columns.0,
+            columns.1,
+        ),
+        EndpointsCommand::Stats { id } => {
+            let stats = api.get(&format!("/v1/endpoints/{id}/stats")).await?;
+            print(
+                args,
+                &stats,
+                &[
+                    "ATTEMPTS",
+                    "DELIVERED",
+                    "FAILED",
+                    "MEDIAN MS",
+                    "P95 MS",
+                    "LAST ERROR",
+                ],
+                &[
+                    "attempts",
+                    "delivered",
+                    "failed",
+                    "median_ms",
+                    "p95_ms",
+                    "last_error",
+                ],
+            );
+        }
+        EndpointsCommand::Disable { id } => {
+            print(args, &patch(&id, true).await?, columns.0, columns.1)
+        }
+        EndpointsCommand::Enable { id } => {
+            print(args, &patch(&id, false).await?, columns.0, columns.1)
+        }
+    }
+    Ok(())
+}

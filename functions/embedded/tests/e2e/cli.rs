@@ -1,0 +1,131 @@
+//! The operator CLI end to end against a running `entrega serve`.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+fn entrega(server: &Server, key: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_entrega"))
+        .args(args)
+        .args(["--url", &server.base])
+        .env("ENTREGA_API_KEY", key)
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_lists_shows_resends_and_acknowledges() {
+    let dir = TempDir::new("cli");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(vec![Reply::status(500)], Reply::status(200)).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": "none"}))
+        .await;
+    let ep_id = ep["id"].as_str().unwrap().to_owned();
+    let id = acme.publish("order.placed", json!({"n": 1})).await;
+    let dlv = eventually(Duration::from_secs(10), "exhausted", || async {
+        let d = acme.deliveries_of(&id).await;
+        d.first()
+            .filter(|d| d["status"] == "exhausted")
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+
+    let listed = entrega(
+        &server,
+        &acme.key,
+        &["deliveries", "list", "--status", "exhausted"],
+    );
+    assert!(listed.status.success(), "{listed:?}");
+    let table = stdout(&listed);
+    assert!(
+        table.starts_with("ID") && table.contains(&dlv) && table.contains("exhausted"),
+        "{table}"
+    );
+
+    let json_out = entrega(
+        &server,
+        &acme.key,
+        &["deliveries", "show", &dlv, "--output", "json"],
+    );
+    let shown: Value = serde_json::from_slice(&json_out.stdout).unwrap();
+    assert_eq!(shown["attempts"].as_array().unwrap().len(), 1);
+
+    // The failure handler records the failure just after the delivery is exhausted.
+    let fid = eventually(Duration::from_secs(10), "the failure record", || async {
+        let out = entrega(
+            &server,
+            &acme.key,
+            &["failures", "list", "--output", "json"],
+        );
+        let failures: Value = serde_json::from_slice(&out.stdout).unwrap();
+        failures["data"][0]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    let acked = entrega(
+        &server,
+        &acme.key,
+        &["failures", "ack", &fid, "--note", "looked at it"],
+    );
+    assert!(acked.status.success() && stdout(&acked).contains(&fid));
+
+    let resent = entrega(&server, &acme.key, &["resend", &dlv]);
+    assert!(resent.status.success(), "{resent:?}");
+    eventually(Duration::from_secs(10), "redelivered", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+
+    // A window resend with a summary; the delivery is delivered now, so filter on it.
+    let since = (chrono::Utc::now() - chrono::Duration::minutes(5)).to_rfc3339();
+    let until = (chrono::Utc::now() + chrono::Duration::minutes(1)).to_rfc3339();
+    let batch = entrega(
+        &server,
+        &acme.key,
+        &[
+            "resend",
+            "--endpoint",
+            &ep_id,
+            "--since",
+            &since,
+            "--until",
+            &until,
+        ],
+    );
+    assert!(batch.status.success(), "{batch:?}");
+    assert!(
+        stdout(&batch).contains("1 deliveries queued"),
+        "{}",
+        stdout(&batch)
+    );
+
+    let endpoints = entrega(&server, &acme.key, &["endpoints", "list"]);
+    assert!(stdout(&endpoints).contains(&ep_id));
+    let stats = entrega(
+        &server,
+        &acme.key,
+        &["endpoints", "stats", &ep_id, "--output", "json"],
+    );
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert!(stats["attempts"].as_u64().unwrap() >= 2);
+
+    // Errors: the problem's title and detail, and a non-zero exit.
+    let missing = entrega(&server, &acme.key, &["deliveries", "show", "dlv_nope"]);
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("Not found") && err.contains("dlv_nope"),
+        "{err}"
+    );
+    let unauthorized = entrega(&server, "ent_wrong", &["endpoints", "list"]);
+    assert!(!unauthorized.status.success());
+    assert!(String::from_utf8_lossy(&unauthorized.stderr).contains("Unauthorized"));
+}

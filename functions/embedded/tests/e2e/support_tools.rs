@@ -1,0 +1,343 @@
+//! Support tools: resend (single, batch, from a failure), failures, stats, rate limits.
+
+use std::time::Duration;
+
+use entrega_core::signature::{verify, Secret};
+use serde_json::json;
+
+use crate::harness::*;
+
+/// The status of the event's (one) delivery; empty until fan-out has made it.
+async fn status_of(api: &Api, event_id: &str) -> String {
+    let deliveries = api.deliveries_of(event_id).await;
+    deliveries
+        .first()
+        .and_then(|d| d["status"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resend_after_recovery_restarts_the_count_and_signs_with_the_rotated_secret() {
+    let dir = TempDir::new("resend");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(
+        vec![Reply::status(500), Reply::status(500)],
+        Reply::status(200),
+    )
+    .await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": {"delays_s": [1]}}))
+        .await;
+    let ep_id = ep["id"].as_str().unwrap();
+    let id = acme.publish("a.b", json!({"n": 1})).await;
+    eventually(Duration::from_secs(15), "exhausted", || async {
+        (status_of(&acme, &id).await == "exhausted").then_some(())
+    })
+    .await;
+    let dlv = acme.deliveries_of(&id).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (_, rotated) = acme
+        .post(&format!("/v1/endpoints/{ep_id}/rotate-secret"), json!({}))
+        .await;
+    let new_secret: Secret = rotated["secret"].as_str().unwrap().parse().unwrap();
+    assert_ne!(rotated["secret"], ep["secret"]);
+
+    let (status, resent) = acme
+        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{resent}");
+    assert_eq!(resent["attempt_count"], 0, "the counter starts again");
+    eventually(Duration::from_secs(10), "delivered", || async {
+        (status_of(&acme, &id).await == "delivered").then_some(())
+    })
+    .await;
+
+    let got = receiver.got();
+    assert_eq!(got.len(), 3);
+    assert!(
+        got.iter().all(|r| r.header("webhook-id") == id),
+        "same webhook-id on the resend"
+    );
+    let last = &got[2];
+    let ts: i64 = last.header("webhook-timestamp").parse().unwrap();
+    verify(
+        &[new_secret],
+        &id,
+        ts,
+        last.body.as_bytes(),
+        last.header("webhook-signature"),
+        chrono::Utc::now().timestamp(),
+        300,
+    )
+    .expect("the resend is signed with the rotated secret");
+
+    let (_, detail) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
+    assert_eq!(detail["attempt_count"], 1);
+    assert_eq!(detail["generation"], 1);
+    let attempts = detail["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "the earlier attempts stay in the log");
+    assert_eq!(attempts[0]["trigger"], "scheduled");
+    assert_eq!(attempts[2]["trigger"], "manual");
+    assert!(attempts[2]["requested_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("tenant:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_can_be_listed_read_acknowledged_and_resent() {
+    let dir = TempDir::new("failures");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let (_, other) = server.admin().tenant("Other").await;
+    let receiver = Receiver::start(vec![Reply::status(400)], Reply::status(200)).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": "standard"}))
+        .await;
+    let id = acme.publish("invoice.paid", json!({"amount": 42})).await;
+    let failure = eventually(Duration::from_secs(10), "a failure record", || async {
+        let (_, page) = acme.get("/v1/failures").await;
+        page["data"].as_array().and_then(|d| d.first().cloned())
+    })
+    .await;
+    let fid = failure["id"].as_str().unwrap();
+    assert_eq!(failure["event_id"], id.as_str());
+    assert_eq!(failure["reason"], "not_retryable");
+    assert_eq!(failure["payload"], json!({"amount": 42}));
+    assert_eq!(failure["attempt_times"].as_array().unwrap().len(), 1);
+    assert_eq!(failure["last_status_code"], 400);
+
+    assert_eq!(
+        other.get(&format!("/v1/failures/{fid}")).await.0,
+        404,
+        "another tenant's failure"
+    );
+    assert_eq!(
+        other
+            .post(&format!("/v1/failures/{fid}/resend"), json!({}))
+            .await
+            .0,
+        404
+    );
+    let (_, none) = other.get("/v1/failures").await;
+    assert!(none["data"].as_array().unwrap().is_empty());
+    let (_, admin_view) = server
+        .admin()
+        .get(&format!(
+            "/v1/failures?tenant_id={}",
+            ep["tenant_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        admin_view["data"].as_array().unwrap().len(),
+        1,
+        "admin filters by tenant"
+    );
+
+    let (status, acked) = acme
+        .post(
+            &format!("/v1/failures/{fid}/ack"),
+            json!({"note": "receiver fixed"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(acked["ack_note"], "receiver fixed");
+    assert!(acked["acknowledged_at"].is_string());
+    let (_, open) = acme.get("/v1/failures?acknowledged=false").await;
+    assert!(
+        open["data"].as_array().unwrap().is_empty(),
+        "acknowledged ones leave the open list"
+    );
+
+    let (status, _) = acme
+        .post(&format!("/v1/failures/{fid}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    eventually(Duration::from_secs(10), "redelivered", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(5), "delivered", || async {
+        (status_of(&acme, &id).await == "delivered").then_some(())
+    })
+    .await;
+
+    let (_, stats) = acme
+        .get(&format!(
+            "/v1/endpoints/{}/stats",
+            ep["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        (
+            stats["attempts"].as_u64(),
+            stats["delivered"].as_u64(),
+            stats["failed"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    assert!(stats["median_ms"].is_u64() && stats["p95_ms"].is_u64());
+    assert_eq!(stats["last_error"], "client_error: HTTP 400");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_resend_of_300_failures_in_a_window_is_idempotent() {
+    let dir = TempDir::new("batch");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let (_, other) = server.admin().tenant("Other").await;
+    let receiver = Receiver::answering(500).await;
+    acme.endpoint(json!({"url": receiver.url("/"), "retry": "none"}))
+        .await;
+    let start = chrono::Utc::now() - chrono::Duration::seconds(5);
+    let mut publishers = tokio::task::JoinSet::new();
+    for p in 0..6 {
+        let api = acme.clone();
+        publishers.spawn(async move {
+            for i in 0..50 {
+                api.publish("bulk.item", json!({"p": p, "i": i})).await;
+            }
+        });
+    }
+    while publishers.join_next().await.is_some() {}
+    eventually(Duration::from_secs(30), "300 exhausted", || async {
+        let (_, page) = acme.get("/v1/failures?limit=200").await;
+        let first = page["data"].as_array().unwrap().len();
+        let more = page["next_cursor"].as_str().map(str::to_owned)?;
+        let (_, rest) = acme
+            .get(&format!("/v1/failures?limit=200&cursor={more}"))
+            .await;
+        (first + rest["data"].as_array().unwrap().len() == 300).then_some(())
+    })
+    .await;
+    let recovered = Receiver::answering(200).await;
+    for ep in acme.get("/v1/endpoints").await.1["data"]
+        .as_array()
+        .unwrap()
+    {
+        let (status, _) = acme
+            .call(
+                "PATCH",
+                &format!("/v1/endpoints/{}", ep["id"].as_str().unwrap()),
+                Some(json!({"url": recovered.url("/")})),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+
+    let window = json!({
+        "status": "exhausted",
+        "since": start.to_rfc3339(),
+        "until": (chrono::Utc::now() + chrono::Duration::seconds(5)).to_rfc3339(),
+    });
+    let send = |api: Api, key: &'static str| {
+        let window = window.clone();
+        async move {
+            let resp = api
+                .client
+                .post(format!("{}/v1/deliveries/resend", api.base))
+                .bearer_auth(&api.key)
+                .header("idempotency-key", key)
+                .json(&window)
+                .send()
+                .await
+                .unwrap();
+            (
+                resp.status().as_u16(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, first) = send(acme.clone(), "batch-1").await;
+    assert_eq!(
+        (status, first["queued"].as_u64()),
+        (200, Some(300)),
+        "{first}"
+    );
+    assert!(first["next_cursor"].is_null());
+    eventually(Duration::from_secs(30), "300 redelivered", || async {
+        (recovered.count() == 300).then_some(())
+    })
+    .await;
+    let (status, again) = send(acme.clone(), "batch-1").await;
+    assert_eq!(
+        (status, &again),
+        (200, &first),
+        "the same key gets the same answer"
+    );
+    let (_, other_batch) = other.post("/v1/deliveries/resend", window.clone()).await;
+    assert_eq!(
+        other_batch["queued"], 0,
+        "another tenant's window is empty for it"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(recovered.count(), 300, "nothing sent twice");
+
+    let (status, problem) = acme.post("/v1/deliveries/resend", json!({"status": "exhausted", "since": "2026-01-01T00:00:00Z", "until": "2026-02-01T00:00:00Z"})).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("until")),
+        "windows are at most 14 days"
+    );
+    let (status, _) = acme.post("/v1/deliveries/resend", json!({"ids": []})).await;
+    assert_eq!(status, 422);
+    let some_id = acme.get("/v1/deliveries?limit=1").await.1["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, by_other) = other
+        .post("/v1/deliveries/resend", json!({"ids": [some_id]}))
+        .await;
+    assert_eq!(
+        (
+            by_other["queued"].as_u64(),
+            by_other["not_found"][0].as_str()
+        ),
+        (Some(0), Some(some_id.as_str()))
+    );
+    assert_eq!(
+        other
+            .post(&format!("/v1/deliveries/{some_id}/resend"), json!({}))
+            .await
+            .0,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_rate_limit_answers_429_with_retry_after() {
+    let dir = TempDir::new("ratelimit");
+    let server = Server::start_with(&dir, &["--api-rate-limit", "1"]);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..4 {
+        let resp = acme
+            .client
+            .get(format!("{}/v1/endpoints", server.base))
+            .bearer_auth(&acme.key)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(resp.status().as_u16());
+        if resp.status() == 429 {
+            retry_after = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            assert_eq!(resp.headers()["content-type"], "application/problem+json");
+        }
+    }
+    assert_eq!(&statuses[..2], &[200, 200], "a burst of 2 × 1/s");
+    assert!(statuses[2..].contains(&429), "{statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let (status, _) = server.admin().get("/v1/endpoints").await;
+    assert_eq!(status, 200, "limits are per key");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(acme.get("/v1/endpoints").await.0, 200, "the bucket refills");
+}

@@ -1,0 +1,220 @@
+//! Resending: `POST /v1/deliveries/{id}/resend` ("try now") and the batch
+//! `POST /v1/deliveries/resend`, by ids or by filter and time window.
+//!
+//! A batch does bounded work per request: at most [`MAX_BATCH`] deliveries, then a
+//! `next_cursor` to continue from (the CLI follows it with a progress bar). Paging by
+//! the client, not in the background, works the same on Lambda, which has no
+//! background once the response is sent.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use entrega_core::delivery::{Delivery, DeliveryStatus};
+use entrega_core::handlers::resend::{resend_delivery, ResendError};
+use entrega_core::ids::{DeliveryId, EndpointId};
+use entrega_core::ports::DeliveryQuery;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::Caller;
+use super::deliveries::load_delivery;
+use super::extract::JsonBody;
+use super::problem::{ApiError, ApiResult};
+use super::views::delivery_view;
+use super::AppState;
+
+/// Most deliveries one batch request resends (by ids, or per page of a window).
+pub const MAX_BATCH: usize = 1_000;
+/// Longest window a filtered batch may cover.
+pub const MAX_WINDOW_DAYS: i64 = 14;
+/// How long the answer to a request with an `Idempotency-Key` is kept.
+const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a running request holds its key: if it dies, the key is free again soon.
+const CLAIM_TTL: Duration = Duration::from_secs(300);
+/// Rows read per store call while walking a window.
+const PAGE: usize = 200;
+
+/// Resend one delivery now, answering with its new state.
+pub(super) async fn resend_one(
+    state: &AppState,
+    caller: &Caller,
+    delivery: &Delivery,
+) -> ApiResult<Delivery> {
+    resend_delivery(&state.services, delivery, &caller.label())
+        .await
+        .map_err(|e| match e {
+            ResendError::EndpointGone => {
+                ApiError::conflict("the endpoint of this delivery was deleted")
+            }
+            ResendError::Store(e) => e.into(),
+        })
+}
+
+#[tracing::instrument(skip_all, fields(delivery_id = %id))]
+async fn resend_single(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let delivery = load_delivery(&state, &caller, &id).await?;
+    let resent = resend_one(&state, &caller, &delivery).await?;
+    Ok((StatusCode::ACCEPTED, Json(delivery_view(&resent))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchResend {
+    ids: Option<Vec<String>>,
+    endpoint_id: Option<EndpointId>,
+    status: Option<DeliveryStatus>,
+    event_type: Option<String>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    cursor: Option<String>,
+}
+
+#[tracing::instrument(skip_all)]
+async fn resend_batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<BatchResend>,
+) -> ApiResult<Json<Value>> {
+    let idempotency = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= 200)
+                .ok_or_else(|| ApiError::invalid("Idempotency-Key", "1 to 200 visible characters"))?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let remembered = idempotency.map(|k| format!("resend#{}#{k}", caller.key_hash));
+    let store = &state.services.store;
+    if let Some(key) = &remembered {
+        // The same request again: the same answer, nothing resent twice.
+        if let Some(answer) = store.recall(&format!("{key}#answer")).await? {
+            return Ok(Json(serde_json::from_str(&answer).unwrap_or(Value::Null)));
+        }
+        if store
+            .remember_once(&format!("{key}#claim"), "1", CLAIM_TTL)
+            .await?
+            .is_some()
+        {
+            return Err(ApiError::conflict(
+                "a request with this Idempotency-Key is still running; repeat it shortly for its answer",
+            ));
+        }
+    }
+    let answer = match &body.ids {
+        Some(ids) => by_ids(&state, &caller, ids, &body).await?,
+        None => by_window(&state, &caller, &body).await?,
+    };
+    if let Some(key) = &remembered {
+        store
+            .remember_once(
+                &format!("{key}#answer"),
+                &answer.to_string(),
+                IDEMPOTENCY_TTL,
+            )
+            .await?;
+    }
+    Ok(Json(answer))
+}
+
+async fn by_ids(
+    state: &AppState,
+    caller: &Caller,
+    ids: &[String],
+    body: &BatchResend,
+) -> ApiResult<Value> {
+    if body.endpoint_id.is_some()
+        || body.status.is_some()
+        || body.since.is_some()
+        || body.until.is_some()
+    {
+        return Err(ApiError::invalid(
+            "ids",
+            "give either `ids` or a filter with a window, not both",
+        ));
+    }
+    if ids.is_empty() || ids.len() > MAX_BATCH {
+        return Err(ApiError::invalid(
+            "ids",
+            format!("1 to {MAX_BATCH} delivery ids"),
+        ));
+    }
+    let mut queued = 0;
+    let mut not_found = Vec::new();
+    for raw in ids {
+        let found = match raw.parse::<DeliveryId>() {
+            Ok(id) => state
+                .services
+                .store
+                .get_delivery(&id)
+                .await?
+                .filter(|d| caller.can_see(&d.tenant_id)),
+            Err(_) => None,
+        };
+        match found {
+            Some(d) => {
+                resend_one(state, caller, &d).await?;
+                queued += 1;
+            }
+            None => not_found.push(raw.clone()),
+        }
+    }
+    Ok(json!({ "queued": queued, "not_found": not_found, "next_cursor": null }))
+}
+
+async fn by_window(state: &AppState, caller: &Caller, body: &BatchResend) -> ApiResult<Value> {
+    let (Some(since), Some(until)) = (body.since, body.until) else {
+        return Err(ApiError::invalid(
+            "since",
+            "a filtered resend needs `since` and `until` (or give `ids`)",
+        ));
+    };
+    if until <= since {
+        return Err(ApiError::invalid("until", "must be after `since`"));
+    }
+    if until - since > chrono::Duration::days(MAX_WINDOW_DAYS) {
+        return Err(ApiError::invalid(
+            "until",
+            format!("a window spans at most {MAX_WINDOW_DAYS} days"),
+        ));
+    }
+    let mut query = DeliveryQuery {
+        tenant: caller.list_scope(None),
+        endpoint_id: body.endpoint_id.clone(),
+        event_type: body.event_type.clone(),
+        status: body.status,
+        since: Some(since),
+        until: Some(until),
+        limit: PAGE,
+        cursor: body.cursor.clone(),
+    };
+    let mut queued = 0;
+    loop {
+        let page = state.services.store.list_deliveries(&query).await?;
+        for d in &page.data {
+            resend_one(state, caller, d).await?;
+            queued += 1;
+        }
+        query.cursor = page.next_cursor;
+        if query.cursor.is_none() || queued + PAGE > MAX_BATCH {
+            break;
+        }
+    }
+    Ok(json!({ "queued": queued, "next_cursor": query.cursor }))
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/deliveries/resend", post(resend_batch))
+        .route("/v1/deliveries/{id}/resend", post(resend_single))
+}
