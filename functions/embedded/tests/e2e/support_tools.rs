@@ -112,6 +112,8 @@ async fn failures_can_be_listed_read_acknowledged_and_resent() {
     assert_eq!(failure["attempt_times"].as_array().unwrap().len(), 1);
     assert_eq!(failure["last_status_code"], 400);
 
+    let (status, one) = acme.get(&format!("/v1/failures/{fid}")).await;
+    assert_eq!((status, &one["payload"]), (200, &json!({"amount": 42})));
     assert_eq!(
         other.get(&format!("/v1/failures/{fid}")).await.0,
         404,
