@@ -28,6 +28,8 @@ const STREAM_BATCH: i32 = 100;
 const SQS_BATCH: i32 = 10;
 /// Pause when a poll found nothing.
 const IDLE: Duration = Duration::from_millis(200);
+/// How often the 24-hour rule runs (the template schedules it every 15 minutes).
+const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// How often due schedules are looked for.
 const SCHEDULE_POLL: Duration = Duration::from_secs(1);
 
@@ -37,7 +39,6 @@ pub struct Emulation {
     pub services: Services,
     pub resources: AwsResources,
     pub sdk: aws_config::SdkConfig,
-    pub alert_threshold: u64,
 }
 
 impl Emulation {
@@ -207,7 +208,7 @@ impl Emulation {
             let response = if deliveries {
                 delivery_batch(&self.services, event).await
             } else {
-                failure_batch(&self.services, event, self.alert_threshold).await
+                failure_batch(&self.services, event).await
             };
             let failed: Vec<&str> = response
                 .batch_item_failures
@@ -235,9 +236,19 @@ impl Emulation {
     async fn schedule_loop(self, mut shutdown: watch::Receiver<bool>) {
         let scheduler = aws_sdk_scheduler::Client::new(&self.sdk);
         let sqs = aws_sdk_sqs::Client::new(&self.sdk);
+        let mut last_age_check = std::time::Instant::now() - AGE_CHECK_INTERVAL;
         while !*shutdown.borrow() {
             if let Err(e) = self.fire_due_schedules(&scheduler, &sqs).await {
                 tracing::error!(error = %e, "firing schedules failed");
+            }
+            // The template's rate(…) schedule on the dlq-analyzer, played here.
+            if last_age_check.elapsed() >= AGE_CHECK_INTERVAL {
+                last_age_check = std::time::Instant::now();
+                if let Err(e) =
+                    entrega_core::handlers::age::check_unacknowledged(&self.services).await
+                {
+                    tracing::error!(error = %e, "the 24-hour check failed");
+                }
             }
             idle(&mut shutdown, SCHEDULE_POLL).await;
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use entrega_core::ports::{Services, SystemClock, Transport};
+use entrega_core::ports::{Services, Settings, SystemClock, Transport};
 
 use crate::resources::{aws_services, sdk_config, AwsResources};
 
@@ -26,18 +26,20 @@ pub async fn cold_start(transport: Arc<dyn Transport>) -> Result<Services, BoxEr
     init_logs();
     let resources = AwsResources::from_env()?;
     let sdk = sdk_config().await;
-    Ok(aws_services(
-        &sdk,
-        &resources,
-        transport,
-        Arc::new(SystemClock),
-    ))
+    let mut services = aws_services(&sdk, &resources, transport, Arc::new(SystemClock));
+    services.settings = settings_from_env();
+    Ok(services)
 }
 
-/// The alert threshold the dlq-analyzer is configured with.
-pub fn alert_threshold() -> u64 {
-    std::env::var("ENTREGA_ALERT_THRESHOLD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(entrega_core::handlers::failures::DEFAULT_ALERT_THRESHOLD)
+/// The operator's settings from the environment (the template's parameters).
+pub fn settings_from_env() -> Settings {
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let defaults = Settings::default();
+    Settings {
+        alert_threshold: number("ENTREGA_ALERT_THRESHOLD").unwrap_or(defaults.alert_threshold),
+        unhealthy_after: number("ENTREGA_UNHEALTHY_AFTER_DAYS")
+            .map(|d| std::time::Duration::from_secs(d * 86_400))
+            .unwrap_or(defaults.unhealthy_after),
+        ..defaults
+    }
 }

@@ -120,15 +120,11 @@ pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchRes
 }
 
 /// The failure handler (DLQ analyzer) over an SQS batch.
-pub async fn failure_batch(
-    services: &Services,
-    event: SqsEvent,
-    alert_threshold: u64,
-) -> SqsBatchResponse {
+pub async fn failure_batch(services: &Services, event: SqsEvent) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     for message in event.records {
         let body = message.body.clone().unwrap_or_default();
-        if let Err(e) = handle_failure(services, &body, alert_threshold).await {
+        if let Err(e) = handle_failure(services, &body).await {
             tracing::error!(error = %e, "failure handler failed; the notice will return");
             keep_hidden(services.failures.as_ref(), &message, ERROR_BACKOFF).await;
             response.add_failure(message_id(&message));
@@ -146,6 +142,32 @@ async fn keep_hidden(
     let receipt = message.receipt_handle.as_deref().unwrap_or_default();
     if let Err(e) = queue.change_visibility(receipt, delay).await {
         tracing::error!(error = %e, "could not set the message's visibility; it returns after the queue's timeout");
+    }
+}
+
+/// What the dlq-analyzer function receives: an SQS batch from the failures queue, or
+/// the schedule's tick that runs the 24-hour rule (any event without `Records`).
+pub async fn analyzer_event(services: &Services, event: serde_json::Value) -> serde_json::Value {
+    if event.get("Records").is_some() {
+        match serde_json::from_value::<SqsEvent>(event) {
+            Ok(batch) => {
+                serde_json::to_value(failure_batch(services, batch).await).unwrap_or_default()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "an SQS event that does not parse");
+                serde_json::Value::Null
+            }
+        }
+    } else {
+        match entrega_core::handlers::age::check_unacknowledged(services).await {
+            Ok(age) => {
+                serde_json::json!({ "oldest_unacknowledged_failure_age_s": age.map(|a| a.as_secs()) })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the 24-hour check failed");
+                serde_json::Value::Null
+            }
+        }
     }
 }
 

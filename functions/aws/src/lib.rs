@@ -4,6 +4,7 @@
 //! `entrega serve --backend aws` play Lambda's event source mappings locally.
 
 pub mod dynamo;
+pub mod emf;
 pub mod emulation;
 pub mod function;
 pub mod lambda;

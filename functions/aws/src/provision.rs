@@ -144,6 +144,26 @@ pub async fn provision(sdk: &aws_config::SdkConfig, names: &ResourceNames) -> Re
             ))
         }
     }
+    // The sender of owner notices (on AWS, SES then asks that address to confirm).
+    let ses = aws_sdk_sesv2::Client::new(sdk);
+    if ses
+        .get_email_identity()
+        .email_identity(&names.notice_from)
+        .send()
+        .await
+        .is_err()
+    {
+        ses.create_email_identity()
+            .email_identity(&names.notice_from)
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "sender identity: {}",
+                    aws_sdk_sesv2::error::DisplayErrorContext(e)
+                )
+            })?;
+    }
     aws_sdk_sns::Client::new(sdk)
         .create_topic()
         .name(&spec.alert_topic)

@@ -9,7 +9,7 @@ use entrega_core::ports::{Clock, Services, Transport};
 
 use crate::dynamo::DynamoStore;
 use crate::scheduler::EventBridgeScheduler;
-use crate::sns::SnsNotifier;
+use crate::sns::AwsNotifier;
 use crate::sqs::SqsQueue;
 
 /// Days deliveries, attempts and failures are kept when nothing says otherwise.
@@ -26,6 +26,8 @@ pub struct AwsResources {
     pub schedule_group: String,
     pub scheduler_role_arn: String,
     pub alert_topic_arn: String,
+    /// The SES-verified sender of owner notices.
+    pub notice_from: String,
     pub retention_days: i64,
 }
 
@@ -43,6 +45,9 @@ pub struct ResourceNames {
     pub schedule_group: String,
     pub alert_topic: String,
     pub scheduler_role: String,
+    /// Who owner notices are from (`ENTREGA_NOTICE_FROM` overrides; SES must have it
+    /// verified).
+    pub notice_from: String,
 }
 
 impl ResourceNames {
@@ -58,6 +63,8 @@ impl ResourceNames {
             schedule_group: prefix.to_owned(),
             alert_topic: format!("{prefix}-alerts"),
             scheduler_role: format!("{prefix}-scheduler"),
+            notice_from: std::env::var("ENTREGA_NOTICE_FROM")
+                .unwrap_or_else(|_| format!("{prefix}-notices@example.com")),
         }
     }
 }
@@ -75,6 +82,7 @@ impl AwsResources {
             schedule_group: var("ENTREGA_SCHEDULE_GROUP")?,
             scheduler_role_arn: var("ENTREGA_SCHEDULER_ROLE_ARN")?,
             alert_topic_arn: var("ENTREGA_ALERT_TOPIC_ARN")?,
+            notice_from: var("ENTREGA_NOTICE_FROM")?,
             retention_days: std::env::var("ENTREGA_RETENTION_DAYS")
                 .ok()
                 .and_then(|d| d.parse().ok())
@@ -123,6 +131,7 @@ impl AwsResources {
             schedule_group: names.schedule_group,
             scheduler_role_arn: format!("arn:aws:iam::{account}:role/{}", names.scheduler_role),
             alert_topic_arn: format!("arn:aws:sns:{region}:{account}:{}", names.alert_topic),
+            notice_from: names.notice_from,
             retention_days: DEFAULT_RETENTION_DAYS,
         })
     }
@@ -176,12 +185,16 @@ pub fn aws_services(
             r.scheduler_role_arn.clone(),
             r.delivery_queue_arn.clone(),
         )),
-        notifier: Arc::new(SnsNotifier::new(
+        notifier: Arc::new(AwsNotifier::new(
             aws_sdk_sns::Client::new(sdk),
             r.alert_topic_arn.clone(),
+            aws_sdk_sesv2::Client::new(sdk),
+            r.notice_from.clone(),
         )),
         transport,
         clock,
+        metrics: Arc::new(crate::emf::EmfMetrics),
+        settings: entrega_core::ports::Settings::default(),
     }
 }
 

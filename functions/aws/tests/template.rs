@@ -214,3 +214,70 @@ fn scheduler_topic_and_function_wiring() {
         }
     }
 }
+
+/// Every alarm the README has a runbook for is in the template, and the reverse.
+#[test]
+fn the_readme_has_a_runbook_for_exactly_the_template_alarms() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("### Alarms")
+        .nth(1)
+        .expect("an alarms section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut documented: Vec<String> = section
+        .split("**`<stack>-")
+        .skip(1)
+        .map(|rest| rest.split('`').next().unwrap().to_owned())
+        .collect();
+    documented.sort();
+    documented.dedup();
+    let resources = template();
+    let mut declared: Vec<String> = of_type(&resources, "AWS::CloudWatch::Alarm")
+        .iter()
+        .map(|(_, a)| {
+            text(&a["Properties"]["AlarmName"])
+                .trim_start_matches("${AWS::StackName}-")
+                .to_owned()
+        })
+        .collect();
+    declared.sort();
+    assert_eq!(documented, declared, "README runbooks vs template alarms");
+    assert!(declared.len() >= 12, "{declared:?}");
+    for (_, alarm) in of_type(&resources, "AWS::CloudWatch::Alarm") {
+        let actions = serde_norway::to_string(&alarm["Properties"]["AlarmActions"]).unwrap();
+        assert!(
+            actions.contains("AlertTopic"),
+            "every alarm notifies on-call"
+        );
+    }
+}
+
+#[test]
+fn the_dashboard_body_is_json_with_the_four_views() {
+    let resources = template();
+    let dashboards = of_type(&resources, "AWS::CloudWatch::Dashboard");
+    assert_eq!(dashboards.len(), 1);
+    let body = text(&dashboards[0].1["Properties"]["DashboardBody"])
+        .replace("${AWS::Region}", "us-east-1");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("the dashboard body is JSON");
+    let titles: Vec<String> = body["widgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["properties"]["title"].as_str().unwrap().to_lowercase())
+        .collect();
+    for want in [
+        "delivery rate",
+        "success ratio",
+        "latency",
+        "failures by tenant",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(want)),
+            "{want} in {titles:?}"
+        );
+    }
+}

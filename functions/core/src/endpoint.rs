@@ -61,6 +61,12 @@ pub struct Endpoint {
     pub previous_secret: Option<PreviousSecret>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Since when every attempt has failed (`None` while the last one succeeded).
+    #[serde(default)]
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Why Entrega disabled it (410 Gone, failing too long); `None` if a human did.
+    #[serde(default)]
+    pub disabled_reason: Option<String>,
 }
 
 impl Endpoint {
@@ -86,9 +92,23 @@ impl Endpoint {
         self.updated_at = now;
     }
 
+    /// Entrega's own operational events (`entrega.*`) reach only endpoints that name
+    /// them: an empty filter means every *producer* event, not those.
     pub fn subscribes_to(&self, event_type: &str) -> bool {
+        if is_operational(event_type) {
+            return self.event_types.iter().any(|p| {
+                is_operational(p) && matches_event_type(std::slice::from_ref(p), event_type)
+            });
+        }
         matches_event_type(&self.event_types, event_type)
     }
+}
+
+/// Entrega's operational event types (opt-in per endpoint).
+pub const OPERATIONAL_PREFIX: &str = "entrega.";
+
+pub fn is_operational(event_type: &str) -> bool {
+    event_type.starts_with(OPERATIONAL_PREFIX)
 }
 
 /// The subscription filter: empty means every type; otherwise an exact type or a
@@ -159,6 +179,22 @@ mod tests {
         assert!(!matches_event_type(&f, "leads.created"));
         assert!(!matches_event_type(&f, "invoice.paid.late"));
         assert!(!matches_event_type(&f, "invoice.created"));
+    }
+
+    #[test]
+    fn operational_events_are_opt_in() {
+        let mut e = crate::handlers::tests_support::endpoint(vec![]);
+        assert!(e.subscribes_to("lead.created"));
+        assert!(
+            !e.subscribes_to("entrega.delivery.exhausted"),
+            "an empty filter is not an opt-in"
+        );
+        e.event_types = pats(&["entrega.*"]);
+        assert!(e.subscribes_to("entrega.endpoint.disabled"));
+        assert!(!e.subscribes_to("lead.created"));
+        e.event_types = pats(&["*.x", "entrega.endpoint.recovered"]);
+        assert!(e.subscribes_to("entrega.endpoint.recovered"));
+        assert!(!e.subscribes_to("entrega.delivery.exhausted"));
     }
 
     #[test]

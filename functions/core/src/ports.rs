@@ -226,10 +226,21 @@ pub trait LongDelayScheduler: Send + Sync {
     async fn schedule(&self, message: OutgoingMessage, at: DateTime<Utc>) -> StoreResult<()>;
 }
 
+/// Who a notice is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "to", rename_all = "snake_case")]
+pub enum Audience {
+    /// On-call (SNS topic; the embedded alert webhook).
+    OnCall,
+    /// The tenant's owner (e-mail on AWS; a logged notice embedded).
+    Owner { email: String },
+}
+
 /// Something a human must hear about (an alert or an owner notice).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Notice {
     pub kind: String,
+    pub audience: Audience,
     pub tenant_id: TenantId,
     pub summary: String,
     pub details: serde_json::Value,
@@ -255,6 +266,58 @@ pub trait Transport: Send + Sync {
     async fn send(&self, request: &SignedRequest) -> TransportResult;
 }
 
+/// What one attempt measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptMetric {
+    pub tenant_id: TenantId,
+    pub endpoint_id: EndpointId,
+    /// `None` for a success.
+    pub failure: Option<crate::outcome::FailureKind>,
+    pub response_ms: u64,
+    /// Publish → delivered, for the attempt that delivered.
+    pub delivery_latency_ms: Option<u64>,
+}
+
+/// Where measurements go: CloudWatch (Embedded Metric Format) from the Lambdas, a
+/// Prometheus registry in the embedded runtime. Recording never fails or blocks.
+pub trait Metrics: Send + Sync {
+    fn attempt(&self, metric: &AttemptMetric);
+    /// A delivery reached the failures store for this tenant.
+    fn failure(&self, tenant: &TenantId);
+    /// Age of the oldest unacknowledged failure (`None`: there is none).
+    fn oldest_unacknowledged_failure(&self, age: Option<Duration>);
+}
+
+/// Metrics that go nowhere (tools that run handlers outside a runtime).
+pub struct NoMetrics;
+
+impl Metrics for NoMetrics {
+    fn attempt(&self, _: &AttemptMetric) {}
+    fn failure(&self, _: &TenantId) {}
+    fn oldest_unacknowledged_failure(&self, _: Option<Duration>) {}
+}
+
+/// Tuning the operator sets; the same names on both runtimes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Failures per tenant per hour above which on-call is alerted.
+    pub alert_threshold: u64,
+    /// An endpoint failing every attempt this long is disabled.
+    pub unhealthy_after: Duration,
+    /// A failure unacknowledged this long is surfaced again.
+    pub max_unacknowledged_age: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            alert_threshold: crate::handlers::failures::DEFAULT_ALERT_THRESHOLD,
+            unhealthy_after: crate::handlers::health::DEFAULT_UNHEALTHY_AFTER,
+            max_unacknowledged_age: crate::handlers::age::MAX_UNACKNOWLEDGED_AGE,
+        }
+    }
+}
+
 /// The ports a runtime hands to the handlers.
 #[derive(Clone)]
 pub struct Services {
@@ -265,6 +328,8 @@ pub struct Services {
     pub notifier: Arc<dyn Notifier>,
     pub transport: Arc<dyn Transport>,
     pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<dyn Metrics>,
+    pub settings: Settings,
 }
 
 /// A clock that moves only when told: simulations run days of retries in milliseconds.

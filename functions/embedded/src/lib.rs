@@ -3,6 +3,7 @@
 //! `entrega` binary wires it all to the shared API router.
 
 pub mod cli;
+pub mod metrics;
 pub mod notifier;
 pub mod runtime;
 pub mod serve;

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand, ValueEnum};
 use entrega_aws::provision::provision;
 use entrega_aws::resources::{dynamo_store, sdk_config, AwsResources, ResourceNames};
-use entrega_core::ports::SystemClock;
+use entrega_core::ports::{Settings, SystemClock};
 use entrega_embedded::cli::{
     self, ApiArgs, DeliveriesCommand, EndpointsCommand, FailuresCommand, ResendArgs,
 };
+use entrega_embedded::notifier::AlertWebhook;
 use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
 use entrega_embedded::sqlite::{SqliteDb, SqliteStore};
 use entrega_http::transport::TargetPolicy;
@@ -118,6 +119,15 @@ struct ServeArgs {
     /// Failures per tenant per hour above which an alert is raised.
     #[arg(long, env = "ENTREGA_ALERT_THRESHOLD", default_value_t = entrega_core::handlers::failures::DEFAULT_ALERT_THRESHOLD)]
     alert_threshold: u64,
+    /// Where on-call alerts are POSTed (signed JSON); unset: they are logged.
+    #[arg(long, env = "ENTREGA_ALERT_WEBHOOK", requires = "alert_webhook_secret")]
+    alert_webhook: Option<String>,
+    /// The `whsec_…` secret alert webhooks are signed with.
+    #[arg(long, env = "ENTREGA_ALERT_WEBHOOK_SECRET", hide_env_values = true)]
+    alert_webhook_secret: Option<entrega_core::signature::Secret>,
+    /// Days of failing every attempt after which an endpoint is disabled.
+    #[arg(long, env = "ENTREGA_UNHEALTHY_AFTER_DAYS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    unhealthy_after_days: u64,
     /// API requests per second per key (token bucket; the burst is twice this).
     #[arg(long, env = "ENTREGA_API_RATE_LIMIT", default_value_t = entrega_http::api::rate_limit::DEFAULT_RATE_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..))]
     api_rate_limit: u32,
@@ -163,7 +173,17 @@ async fn run(command: Command) -> Result<(), BoxError> {
                     allow_http: args.allow_http,
                 },
                 admin_key: args.admin_key,
-                alert_threshold: args.alert_threshold,
+                settings: Settings {
+                    alert_threshold: args.alert_threshold,
+                    unhealthy_after: std::time::Duration::from_secs(
+                        args.unhealthy_after_days * 86_400,
+                    ),
+                    ..Settings::default()
+                },
+                alert_webhook: args
+                    .alert_webhook
+                    .zip(args.alert_webhook_secret)
+                    .map(|(url, secret)| AlertWebhook { url, secret }),
                 api_rate_limit: args.api_rate_limit,
             })
             .await

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
@@ -29,17 +30,13 @@ const FAILURE_BATCH: usize = 10;
 /// A message whose handler hit a backend error comes back after this.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Runtime settings.
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    pub alert_threshold: u64,
-}
+/// How often the 24-hour rule is checked (the scheduled check of DESIGN.md).
+pub const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The pollers, started together and stopped together.
 pub struct Runtime {
     pub services: Services,
     pub store: SqliteStore,
-    pub config: RuntimeConfig,
 }
 
 impl Runtime {
@@ -50,7 +47,8 @@ impl Runtime {
         let mut tasks = JoinSet::new();
         tasks.spawn(this.clone().outbox_loop(shutdown.clone()));
         tasks.spawn(this.clone().delivery_loop(shutdown.clone()));
-        tasks.spawn(this.clone().failure_loop(shutdown));
+        tasks.spawn(this.clone().failure_loop(shutdown.clone()));
+        tasks.spawn(this.clone().age_loop(shutdown));
         while tasks.join_next().await.is_some() {}
     }
 
@@ -135,10 +133,23 @@ impl Runtime {
             }
             for message in received {
                 let queue = &self.services.failures;
-                let outcome =
-                    handle_failure(&self.services, &message.body, self.config.alert_threshold)
-                        .await;
+                let outcome = handle_failure(&self.services, &message.body).await;
                 settle(queue.as_ref(), &message, outcome.map(|_| Disposition::Done)).await;
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// The 24-hour rule, checked on a timer so it fires without new failures.
+    async fn age_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            if let Err(e) = check_unacknowledged(&self.services).await {
+                tracing::error!(error = %e, "checking unacknowledged failures failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(AGE_CHECK_INTERVAL) => {}
+                _ = shutdown.changed() => {}
             }
         }
     }

@@ -11,15 +11,18 @@ use std::sync::Arc;
 
 use entrega_aws::emulation::Emulation;
 use entrega_aws::resources::{aws_services, sdk_config, AwsResources};
-use entrega_core::ports::{Clock, Services, SystemClock, TenantStore};
+use entrega_core::ports::{
+    Clock, NoMetrics, Notifier, Services, Settings, SystemClock, TenantStore,
+};
 use entrega_core::tenant::{generate_api_key, hash_api_key, Principal};
 use entrega_http::api::rate_limit::RateLimiter;
 use entrega_http::api::{router, AppState};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
 
-use crate::notifier::LogNotifier;
-use crate::runtime::{Runtime, RuntimeConfig};
+use crate::metrics::PrometheusMetrics;
+use crate::notifier::{AlertWebhook, EmbeddedNotifier};
+use crate::runtime::Runtime;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{SqliteDb, SqliteStore};
 
@@ -44,7 +47,9 @@ pub struct ServeConfig {
     pub backend: Backend,
     pub targets: TargetPolicy,
     pub admin_key: Option<String>,
-    pub alert_threshold: u64,
+    pub settings: Settings,
+    /// Where on-call alerts go (signed POSTs); `None`: the log.
+    pub alert_webhook: Option<AlertWebhook>,
     /// API requests per second per key (burst: twice as many).
     pub api_rate_limit: u32,
 }
@@ -55,21 +60,24 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let transport = Arc::new(HttpTransport::new(config.targets.clone()));
+    let metrics = Arc::new(PrometheusMetrics::default());
+    let notifier: Arc<dyn Notifier> = Arc::new(EmbeddedNotifier::new(config.alert_webhook.clone()));
     match &config.backend {
         Backend::Sqlite { db } => {
             let lock = lock_database(db)?;
-            let (services, store) = open_sqlite(db, clock, transport).await?;
+            let (mut services, store) = open_sqlite(db, clock, transport).await?;
+            services.notifier = notifier;
+            services.metrics = metrics.clone();
+            services.settings = config.settings.clone();
             register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
             let runtime = Runtime {
                 services: services.clone(),
                 store,
-                config: RuntimeConfig {
-                    alert_threshold: config.alert_threshold,
-                },
             };
             run(
                 &config,
                 services,
+                metrics,
                 format!("database {}", db.display()),
                 |stop| runtime.run(stop),
             )
@@ -80,17 +88,22 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
         Backend::Aws { prefix } => {
             let sdk = sdk_config().await;
             let resources = AwsResources::discover(&sdk, prefix).await?;
-            let services = aws_services(&sdk, &resources, transport, clock);
+            let mut services = aws_services(&sdk, &resources, transport, clock);
+            services.metrics = metrics.clone();
+            services.settings = config.settings.clone();
             register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
             let emulation = Emulation {
                 services: services.clone(),
                 resources,
                 sdk,
-                alert_threshold: config.alert_threshold,
             };
-            run(&config, services, format!("aws, prefix {prefix}"), |stop| {
-                emulation.run(stop)
-            })
+            run(
+                &config,
+                services,
+                metrics,
+                format!("aws, prefix {prefix}"),
+                |stop| emulation.run(stop),
+            )
             .await
         }
     }
@@ -136,9 +149,11 @@ pub async fn open_sqlite(
         deliveries: Arc::new(deliveries.clone()),
         failures: Arc::new(failures),
         scheduler: Arc::new(deliveries),
-        notifier: Arc::new(LogNotifier),
+        notifier: Arc::new(EmbeddedNotifier::new(None)),
         transport,
         clock,
+        metrics: Arc::new(NoMetrics),
+        settings: Settings::default(),
     };
     Ok((services, store))
 }
@@ -148,6 +163,7 @@ pub async fn open_sqlite(
 async fn run<W, Fut>(
     config: &ServeConfig,
     services: Services,
+    metrics: Arc<PrometheusMetrics>,
     data: String,
     workers: W,
 ) -> Result<(), BoxError>
@@ -155,11 +171,20 @@ where
     W: FnOnce(watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    // Metrics are this process's own, so they are served beside the shared API.
+    let metrics_route = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.render() }
+        }),
+    );
     let app = router(AppState {
         services,
         targets: Arc::new(config.targets.clone()),
         limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
-    });
+    })
+    .merge(metrics_route);
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     println!("entrega listening on http://{addr} ({data})");

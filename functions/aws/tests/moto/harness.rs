@@ -82,7 +82,6 @@ impl Stack {
             services: self.services.clone(),
             resources: self.resources.clone(),
             sdk: self.sdk.clone(),
-            alert_threshold: 2,
         }
     }
 }

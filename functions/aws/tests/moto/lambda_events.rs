@@ -244,7 +244,7 @@ async fn the_analyzer_reports_only_the_notices_it_could_not_record() {
         }));
     }
     let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
-    let response = failure_batch(s, event, 10).await;
+    let response = failure_batch(s, event).await;
     let failed: Vec<_> = response
         .batch_item_failures
         .iter()

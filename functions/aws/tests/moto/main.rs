@@ -4,5 +4,6 @@
 mod delivery;
 mod harness;
 mod lambda_events;
+mod operations;
 mod provisioning;
 mod support;

@@ -48,6 +48,8 @@ pub async fn endpoint(
         previous_secret: None,
         created_at: now,
         updated_at: now,
+        failing_since: None,
+        disabled_reason: None,
     };
     services.store.create_endpoint(&endpoint).await.unwrap();
     endpoint

@@ -7,10 +7,13 @@ use std::time::Duration;
 use chrono::{DurationRound, TimeDelta};
 use tracing::{info_span, Instrument};
 
+use crate::endpoint::is_operational;
 use crate::event::format_timestamp;
-use crate::failure::{Failure, FailureNotice};
+use crate::failure::{Failure, FailureNotice, FailureReason};
 use crate::ids::FailureId;
-use crate::ports::{Notice, Services, StoreError, StoreResult};
+use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
+
+use super::notices::{notify_once, owner_of, publish_operational};
 
 /// Failures per tenant per hour above which on-call hears about it (DESIGN.md).
 pub const DEFAULT_ALERT_THRESHOLD: u64 = 10;
@@ -19,11 +22,7 @@ const COUNTER_TTL: Duration = Duration::from_secs(26 * 3600);
 
 /// Handle one failure notice. Idempotent: a redelivered notice finds its record and
 /// neither counts nor alerts twice.
-pub async fn handle_failure(
-    services: &Services,
-    body: &str,
-    alert_threshold: u64,
-) -> StoreResult<()> {
+pub async fn handle_failure(services: &Services, body: &str) -> StoreResult<()> {
     let notice: FailureNotice = match serde_json::from_str(body) {
         Ok(n) => n,
         Err(e) => {
@@ -33,12 +32,10 @@ pub async fn handle_failure(
     };
     let span =
         info_span!("failure", delivery_id = %notice.delivery_id, tenant_id = %notice.tenant_id);
-    record(services, &notice, alert_threshold)
-        .instrument(span)
-        .await
+    record(services, &notice).instrument(span).await
 }
 
-async fn record(services: &Services, notice: &FailureNotice, threshold: u64) -> StoreResult<()> {
+async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> {
     let store = &services.store;
     let Some(delivery) = store.get_delivery(&notice.delivery_id).await? else {
         tracing::warn!("failure notice for an unknown delivery");
@@ -79,30 +76,87 @@ async fn record(services: &Services, notice: &FailureNotice, threshold: u64) -> 
         return Ok(());
     }
     tracing::warn!(failure_id = %failure.id, reason = ?failure.reason, last_error = ?failure.last_error, "delivery failed");
+    services.metrics.failure(&failure.tenant_id);
     let window_start = notice
         .failed_at
         .duration_trunc(TimeDelta::hours(1))
         .unwrap_or(notice.failed_at);
-    let key = format!("failures#{}#{}", notice.tenant_id, window_start.timestamp());
-    let count = store.increment(&key, COUNTER_TTL).await?;
-    // On the failure that passes the threshold, not on every one after it: one alert
-    // per tenant per hour.
-    if count == threshold + 1 {
-        services
-            .notifier
-            .notify(&Notice {
-                kind: "failure_threshold".into(),
-                tenant_id: notice.tenant_id.clone(),
-                summary: format!(
-                    "more than {threshold} failed deliveries in the hour from {}",
-                    format_timestamp(window_start)
-                ),
-                details: serde_json::json!({
-                    "count": count,
-                    "window_start": format_timestamp(window_start),
-                }),
-            })
-            .await?;
+    let window = window_start.timestamp();
+    let count = store
+        .increment(
+            &format!("failures#{}#{window}", notice.tenant_id),
+            COUNTER_TTL,
+        )
+        .await?;
+    let threshold = services.settings.alert_threshold;
+    if count > threshold {
+        // Claimed once per tenant and hour: one alert, not one per failure after it.
+        let alert = Notice {
+            kind: "failure_threshold".into(),
+            audience: Audience::OnCall,
+            tenant_id: notice.tenant_id.clone(),
+            summary: format!(
+                "more than {threshold} failed deliveries in the hour from {}",
+                format_timestamp(window_start)
+            ),
+            details: serde_json::json!({
+                "count": count,
+                "threshold": threshold,
+                "window_start": format_timestamp(window_start),
+            }),
+        };
+        let claim = format!("threshold-alert#{}#{window}", notice.tenant_id);
+        notify_once(services, &claim, COUNTER_TTL, alert).await?;
+    }
+    if failure.reason == FailureReason::Exhausted && !is_operational(&failure.event_type) {
+        tell_owner(services, &failure, window).await?;
+        let id = format!(
+            "entrega-exhausted-{}-{}",
+            failure.delivery_id, notice.generation
+        );
+        let data = serde_json::json!({
+            "delivery_id": failure.delivery_id,
+            "event_id": failure.event_id,
+            "event_type": failure.event_type,
+            "endpoint_id": failure.endpoint_id,
+            "last_error": failure.last_error,
+        });
+        publish_operational(
+            services,
+            &failure.tenant_id,
+            "entrega.delivery.exhausted",
+            &id,
+            data,
+        )
+        .await?;
     }
     Ok(())
+}
+
+/// The owner hears about exhausted deliveries at most once per hour (the first one,
+/// with where to find the rest): an endpoint down with thousands of events sends one
+/// e-mail, not thousands.
+async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> StoreResult<()> {
+    let Some(owner) = owner_of(services, &failure.tenant_id).await? else {
+        return Ok(());
+    };
+    let notice = Notice {
+        kind: "delivery_exhausted".into(),
+        audience: owner,
+        tenant_id: failure.tenant_id.clone(),
+        summary: format!(
+            "a webhook to endpoint {} could not be delivered",
+            failure.endpoint_id
+        ),
+        details: serde_json::json!({
+            "event_id": failure.event_id,
+            "endpoint_id": failure.endpoint_id,
+            "last_error": failure.last_error,
+            "resend": format!("entrega resend {}", failure.delivery_id),
+            "api": format!("POST /v1/failures/{}/resend", failure.id),
+            "more": "further failures this hour: GET /v1/failures?acknowledged=false",
+        }),
+    };
+    let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
+    notify_once(services, &claim, COUNTER_TTL, notice).await
 }

@@ -3,11 +3,16 @@
 //! ports only; a Lambda binary and the embedded pollers differ only in how they feed
 //! messages in and act on the returned disposition.
 
+pub mod age;
 pub mod failures;
 pub mod fanout;
+pub mod health;
+pub mod notices;
 pub mod resend;
 pub mod resume;
 pub mod task;
+#[cfg(test)]
+pub(crate) mod tests_support;
 pub mod webhook;
 pub mod worker;
 

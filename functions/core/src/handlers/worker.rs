@@ -9,10 +9,11 @@ use tracing::{info_span, Instrument};
 use crate::delivery::{Delivery, DeliveryState};
 use crate::endpoint::{DeliveryMode, Endpoint};
 use crate::failure::{FailureNotice, FailureReason};
-use crate::ports::{Services, StoreError, StoreResult};
+use crate::ports::{AttemptMetric, Services, StoreError, StoreResult};
 use crate::retry::{RetryPolicy, RetrySpec};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
+use super::health;
 use super::task::DeliveryTask;
 use super::until;
 use super::webhook::signed_request;
@@ -147,6 +148,10 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         duration_ms = report.duration.as_millis() as u64,
         "attempt finished"
     );
+    let now = services.clock.now();
+    record_metrics(services, &delivery, &event, &report, now);
+    let gone = report.result.status() == Some(GONE);
+    let step = if gone { keep_paused(step, now) } else { step };
     let (next, attempts, _) = split_actions(step.clone());
     let saved = match store.save_delivery(&next, &attempts).await {
         Ok(saved) => saved,
@@ -155,7 +160,57 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         Err(StoreError::Conflict(_)) => return Ok(Disposition::Done),
         Err(e) => return Err(e),
     };
+    if gone {
+        // The receiver says the URL is gone for good: stop sending to it, keep what is
+        // waiting (paused), and let a human decide.
+        health::disable(services, &endpoint, "the receiver answered 410 Gone", now).await?;
+        return Ok(Disposition::Done);
+    }
+    health::observe(
+        services,
+        &endpoint,
+        report.result.failure_kind().is_none(),
+        now,
+    )
+    .await?;
     carry_out(services, task, &endpoint, &saved, &step.actions).await
+}
+
+/// `410 Gone`: the endpoint is retired, not failing.
+const GONE: u16 = 410;
+
+/// The attempt is recorded, but the delivery waits (paused) instead of retrying or
+/// failing: re-enabling the endpoint sends it.
+fn keep_paused(
+    step: state_machine::Step,
+    now: chrono::DateTime<chrono::Utc>,
+) -> state_machine::Step {
+    let delivery = state_machine::pause(&step.delivery, now);
+    let actions = step
+        .actions
+        .into_iter()
+        .filter(|a| matches!(a, Action::RecordAttempt(_)))
+        .collect();
+    state_machine::Step { delivery, actions }
+}
+
+fn record_metrics(
+    services: &Services,
+    delivery: &Delivery,
+    event: &crate::event::Event,
+    report: &AttemptReport,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    let failure = report.result.failure_kind();
+    services.metrics.attempt(&AttemptMetric {
+        tenant_id: delivery.tenant_id.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        failure,
+        response_ms: report.duration.as_millis() as u64,
+        delivery_latency_ms: failure
+            .is_none()
+            .then(|| (now - event.created_at).num_milliseconds().max(0) as u64),
+    });
 }
 
 /// The delivery to persist, the attempts to append with it, and whether to send.

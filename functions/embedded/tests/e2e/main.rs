@@ -1,5 +1,6 @@
 //! End to end over real sockets: the `entrega` binary, real receivers on loopback.
 
+mod age_rule;
 mod api_errors;
 mod aws_backend;
 mod cli;
@@ -9,6 +10,7 @@ mod fairness;
 mod harness;
 mod isolation;
 mod openapi;
+mod operations;
 mod retries;
 mod ssrf;
 mod support_tools;

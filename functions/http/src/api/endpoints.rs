@@ -115,6 +115,8 @@ async fn create_endpoint(
         previous_secret: None,
         created_at: now,
         updated_at: now,
+        failing_since: None,
+        disabled_reason: None,
     };
     validate(&endpoint, &state)?;
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));

@@ -1,0 +1,75 @@
+//! Telling humans, once: each notice is claimed under a key before it is sent, so a
+//! redelivered message or a concurrent handler never sends it twice. A notifier that
+//! keeps failing is logged, not retried forever: the failure record itself is durable
+//! and the CloudWatch alarms watch the same numbers independently.
+
+use std::time::Duration;
+
+use crate::event::Event;
+use crate::ids::{EventId, TenantId};
+use crate::ports::{Audience, Notice, Services, StoreResult};
+
+/// Attempts to hand a notice to the notifier (each adapter also retries with backoff
+/// inside, as the AWS SDK does).
+const NOTIFY_TRIES: u32 = 3;
+
+/// Send `notice` unless `claim` was taken within `ttl`.
+pub async fn notify_once(
+    services: &Services,
+    claim: &str,
+    ttl: Duration,
+    notice: Notice,
+) -> StoreResult<()> {
+    if services
+        .store
+        .remember_once(claim, "sent", ttl)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    for attempt in 1..=NOTIFY_TRIES {
+        match services.notifier.notify(&notice).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt == NOTIFY_TRIES => {
+                tracing::error!(kind = %notice.kind, tenant_id = %notice.tenant_id, error = %e, "a notice could not be sent");
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The owner of `tenant`, for an owner notice (`None` if the tenant is gone).
+pub async fn owner_of(services: &Services, tenant: &TenantId) -> StoreResult<Option<Audience>> {
+    Ok(services
+        .store
+        .get_tenant(tenant)
+        .await?
+        .map(|t| Audience::Owner {
+            email: t.owner_email,
+        }))
+}
+
+/// Publish one of Entrega's own events (`entrega.*`) for the tenant's opted-in
+/// endpoints. `id` makes it idempotent: a replay publishes nothing new.
+pub async fn publish_operational(
+    services: &Services,
+    tenant: &TenantId,
+    event_type: &str,
+    id: &str,
+    data: serde_json::Value,
+) -> StoreResult<()> {
+    let Ok(id) = id.parse::<EventId>() else {
+        tracing::error!(%id, "an operational event id is malformed");
+        return Ok(());
+    };
+    let event = Event {
+        id,
+        tenant_id: tenant.clone(),
+        event_type: event_type.to_owned(),
+        payload: data.to_string(),
+        created_at: services.clock.now(),
+    };
+    services.store.publish(&event).await.map(|_| ())
+}

@@ -1,0 +1,111 @@
+//! The 24-hour rule under virtual time: a real SQLite store, a manual clock, and a
+//! notifier that records what would leave the process.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use entrega_core::failure::{Failure, FailureReason};
+use entrega_core::handlers::age::check_unacknowledged;
+use entrega_core::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use entrega_core::ports::{Audience, Clock, ManualClock, Notice, Notifier, StoreResult};
+use entrega_embedded::metrics::PrometheusMetrics;
+use entrega_embedded::serve::open_sqlite;
+use entrega_http::transport::{HttpTransport, TargetPolicy};
+
+use crate::harness::TempDir;
+
+#[derive(Default)]
+struct Recorded(Mutex<Vec<Notice>>);
+
+#[async_trait]
+impl Notifier for Recorded {
+    async fn notify(&self, notice: &Notice) -> StoreResult<()> {
+        self.0.lock().unwrap().push(notice.clone());
+        Ok(())
+    }
+}
+
+fn failure(now: chrono::DateTime<Utc>) -> Failure {
+    let event = EventId::generate();
+    let endpoint = EndpointId::generate();
+    let delivery = DeliveryId::for_event(&event, &endpoint, now.timestamp_millis());
+    Failure {
+        id: FailureId::for_delivery(&delivery, 0, now.timestamp_millis()),
+        tenant_id: TenantId::generate(),
+        delivery_id: delivery,
+        event_id: event,
+        event_type: "a.b".into(),
+        endpoint_id: endpoint,
+        reason: FailureReason::Exhausted,
+        payload: "{}".into(),
+        attempt_times: vec![now],
+        last_status_code: Some(500),
+        last_error: Some("server_error: HTTP 500".into()),
+        created_at: now,
+        acknowledged_at: None,
+        ack_note: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metric() {
+    let dir = TempDir::new("age");
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
+    let (mut services, _) = open_sqlite(&dir.0.join("age.db"), clock.clone(), transport)
+        .await
+        .unwrap();
+    let notices = Arc::new(Recorded::default());
+    let metrics = Arc::new(PrometheusMetrics::default());
+    services.notifier = notices.clone();
+    services.metrics = metrics.clone();
+
+    let old = failure(clock.now());
+    services.store.put_failure_if_absent(&old).await.unwrap();
+    clock.advance(Duration::from_secs(3600));
+    let young = failure(clock.now());
+    services.store.put_failure_if_absent(&young).await.unwrap();
+
+    let age = check_unacknowledged(&services).await.unwrap().unwrap();
+    assert_eq!(age.as_secs(), 3600, "the oldest is an hour old");
+    assert!(
+        notices.0.lock().unwrap().is_empty(),
+        "nothing is overdue yet"
+    );
+
+    clock.advance(Duration::from_secs(23 * 3600 + 60));
+    let age = check_unacknowledged(&services).await.unwrap().unwrap();
+    assert!(age > Duration::from_secs(24 * 3600));
+    {
+        let sent = notices.0.lock().unwrap();
+        assert_eq!(sent.len(), 1, "only the failure past 24 h: {sent:?}");
+        assert_eq!(sent[0].kind, "failure_unacknowledged");
+        assert_eq!(sent[0].audience, Audience::OnCall);
+        assert_eq!(sent[0].details["failure_id"], old.id.as_str());
+    }
+    check_unacknowledged(&services).await.unwrap();
+    assert_eq!(
+        notices.0.lock().unwrap().len(),
+        1,
+        "one alert per failure per day, even with no new failure"
+    );
+    assert!(metrics.render().contains(&format!(
+        "entrega_oldest_unacknowledged_failure_age_seconds {}",
+        age.as_secs()
+    )));
+
+    // Acknowledging both clears them from the age metric.
+    for f in [&old, &young] {
+        services
+            .store
+            .acknowledge_failure(&f.id, "handled", clock.now())
+            .await
+            .unwrap();
+    }
+    assert_eq!(check_unacknowledged(&services).await.unwrap(), None);
+    assert!(metrics
+        .render()
+        .contains("entrega_oldest_unacknowledged_failure_age_seconds 0"));
+}

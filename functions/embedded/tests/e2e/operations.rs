@@ -1,0 +1,193 @@
+//! Failures reach humans: one threshold alert per tenant and hour on the alert
+//! webhook, batched owner notices, 410 Gone disabling an endpoint, and metrics.
+
+use std::time::Duration;
+
+use entrega_core::signature::{verify, Secret};
+use serde_json::json;
+
+use crate::harness::*;
+
+const ALERT_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+async fn publish_n(api: &Api, n: usize) {
+    for i in 0..n {
+        api.publish("order.placed", json!({ "i": i })).await;
+    }
+}
+
+async fn failures_of(api: &Api) -> usize {
+    api.get("/v1/failures?limit=200").await.1["data"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twelve_failures_raise_one_alert_and_three_raise_none() {
+    let dir = TempDir::new("alerts");
+    let alerts = Receiver::answering(204).await;
+    let hook = alerts.url("/alerts");
+    let server = Server::start_with(
+        &dir,
+        &[
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+            "--alert-threshold",
+            "10",
+            "--alert-webhook",
+            &hook,
+            "--alert-webhook-secret",
+            ALERT_SECRET,
+        ],
+    );
+    let (noisy_id, noisy) = server.admin().tenant("Noisy").await;
+    let (_, quiet) = server.admin().tenant("Quiet").await;
+    let down = Receiver::answering(500).await;
+    noisy
+        .endpoint(json!({"url": down.url("/"), "retry": "none"}))
+        .await;
+    quiet
+        .endpoint(json!({"url": down.url("/"), "retry": "none"}))
+        .await;
+    publish_n(&noisy, 12).await;
+    publish_n(&quiet, 3).await;
+    eventually(Duration::from_secs(20), "15 failure records", || async {
+        (failures_of(&noisy).await == 12 && failures_of(&quiet).await == 3).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(10), "the alert", || async {
+        (alerts.count() >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let got = alerts.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "exactly one alert for the noisy tenant, none for the quiet one"
+    );
+    let alert: serde_json::Value = serde_json::from_str(&got[0].body).unwrap();
+    assert_eq!(alert["kind"], "failure_threshold");
+    assert_eq!(alert["tenant_id"], noisy_id.as_str());
+    assert_eq!(alert["count"], 11);
+    assert!(alert["window_start"].is_string());
+    let secret: Secret = ALERT_SECRET.parse().unwrap();
+    let ts: i64 = got[0].header("webhook-timestamp").parse().unwrap();
+    verify(
+        &[secret],
+        got[0].header("webhook-id"),
+        ts,
+        got[0].body.as_bytes(),
+        got[0].header("webhook-signature"),
+        chrono::Utc::now().timestamp(),
+        300,
+    )
+    .expect("alerts are signed with the operator's secret");
+
+    // Owner notices are batched: one per tenant in the hour, not one per failure.
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    let notices = |tenant: &str| {
+        log.lines()
+            .filter(|l| l.contains("OWNER NOTICE") && l.contains(tenant))
+            .count()
+    };
+    assert_eq!(notices(&noisy_id), 1, "{log}");
+    assert!(
+        log.contains("entrega resend dlv_"),
+        "the notice says how to resend"
+    );
+
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "entrega_failures_total{{tenant=\"{noisy_id}\"}} 12"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("outcome=\"server_error\"} 12"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("entrega_oldest_unacknowledged_failure_age_seconds"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_410_disables_the_endpoint_and_keeps_its_deliveries_for_re_enabling() {
+    let dir = TempDir::new("gone");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(vec![Reply::status(410)], Reply::status(200)).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": "standard"}))
+        .await;
+    let ep_id = ep["id"].as_str().unwrap();
+    let watcher = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": watcher.url("/ops"), "event_types": ["entrega.*"]}))
+        .await;
+
+    let first = acme.publish("a.b", json!({"n": 1})).await;
+    let disabled = eventually(Duration::from_secs(10), "disabled", || async {
+        let (_, e) = acme.get(&format!("/v1/endpoints/{ep_id}")).await;
+        (e["disabled"] == true).then_some(e)
+    })
+    .await;
+    assert_eq!(disabled["disabled"], true);
+    let second = acme.publish("a.b", json!({"n": 2})).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        receiver.count(),
+        1,
+        "nothing more is sent to a gone endpoint"
+    );
+    for id in [&first, &second] {
+        let d = acme.deliveries_of(id).await;
+        let mine = d.iter().find(|d| d["endpoint_id"] == ep_id).unwrap();
+        assert_eq!(mine["status"], "pending", "kept, not failed: {mine}");
+    }
+    eventually(
+        Duration::from_secs(10),
+        "entrega.endpoint.disabled",
+        || async {
+            watcher
+                .got()
+                .iter()
+                .find(|r| r.body.contains("entrega.endpoint.disabled"))
+                .map(|_| ())
+        },
+    )
+    .await;
+    let (_, none) = acme.get("/v1/failures").await;
+    assert!(
+        none["data"].as_array().unwrap().is_empty(),
+        "a 410 is not a failure"
+    );
+
+    let (status, _) = acme
+        .call(
+            "PATCH",
+            &format!("/v1/endpoints/{ep_id}"),
+            Some(json!({"disabled": false})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    eventually(Duration::from_secs(10), "both delivered", || async {
+        (receiver.count() == 3).then_some(())
+    })
+    .await;
+    for id in [&first, &second] {
+        eventually(Duration::from_secs(5), "delivered", || async {
+            let d = acme.deliveries_of(id).await;
+            d.iter()
+                .any(|d| d["endpoint_id"] == ep_id && d["status"] == "delivered")
+                .then_some(())
+        })
+        .await;
+    }
+}
