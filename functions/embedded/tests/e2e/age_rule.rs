@@ -109,3 +109,119 @@ async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metr
         .render()
         .contains("entrega_oldest_unacknowledged_failure_age_seconds 0"));
 }
+
+/// Endpoint health under virtual time: failing every attempt for the configured period
+/// disables the endpoint and tells its owner; a success after a failing stretch
+/// publishes `entrega.endpoint.recovered`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced() {
+    use entrega_core::endpoint::Endpoint;
+    use entrega_core::handlers::health::observe;
+    use entrega_core::tenant::Tenant;
+
+    let dir = TempDir::new("health");
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
+    let (mut services, _) = open_sqlite(&dir.0.join("health.db"), clock.clone(), transport)
+        .await
+        .unwrap();
+    let notices = Arc::new(Recorded::default());
+    services.notifier = notices.clone();
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "Acme".into(),
+        owner_email: "owner@acme.example".into(),
+        created_at: clock.now(),
+    };
+    services.store.create_tenant(&tenant, "hash").await.unwrap();
+    let now = clock.now();
+    let endpoint = Endpoint {
+        id: EndpointId::generate(),
+        tenant_id: tenant.id.clone(),
+        url: "https://hooks.example.com/".into(),
+        event_types: vec![],
+        mode: Default::default(),
+        retry: Default::default(),
+        timeout_ms: 10_000,
+        max_concurrency: 8,
+        disabled: false,
+        description: None,
+        secret: entrega_core::signature::Secret::generate(),
+        previous_secret: None,
+        created_at: now,
+        updated_at: now,
+        failing_since: None,
+        disabled_reason: None,
+    };
+    services.store.create_endpoint(&endpoint).await.unwrap();
+    let current = |s: &entrega_core::ports::Services| {
+        let (s, id) = (s.clone(), endpoint.id.clone());
+        async move { s.store.get_endpoint(&id).await.unwrap().unwrap() }
+    };
+
+    // A failing stretch of four days: still enabled.
+    observe(&services, &current(&services).await, false, clock.now())
+        .await
+        .unwrap();
+    let started = current(&services)
+        .await
+        .failing_since
+        .expect("the stretch starts");
+    clock.advance(Duration::from_secs(4 * 86_400));
+    observe(&services, &current(&services).await, false, clock.now())
+        .await
+        .unwrap();
+    assert!(!current(&services).await.disabled);
+    assert_eq!(
+        current(&services).await.failing_since,
+        Some(started),
+        "the stretch keeps its start"
+    );
+
+    // A success ends the stretch and is announced to opted-in endpoints.
+    observe(&services, &current(&services).await, true, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(current(&services).await.failing_since, None);
+    let recovered: EventId = format!(
+        "entrega-recovered-{}-{}",
+        endpoint.id,
+        clock.now().timestamp()
+    )
+    .parse()
+    .unwrap();
+    let event = services
+        .store
+        .get_event(&recovered)
+        .await
+        .unwrap()
+        .expect("entrega.endpoint.recovered published");
+    assert_eq!(event.event_type, "entrega.endpoint.recovered");
+
+    // A new stretch past five days disables it, once, and tells the owner.
+    observe(&services, &current(&services).await, false, clock.now())
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(5 * 86_400 + 1));
+    observe(&services, &current(&services).await, false, clock.now())
+        .await
+        .unwrap();
+    let after = current(&services).await;
+    assert!(after.disabled);
+    assert_eq!(
+        after.disabled_reason.as_deref(),
+        Some("every attempt failed for 5 days")
+    );
+    observe(&services, &after, false, clock.now())
+        .await
+        .unwrap();
+    let sent = notices.0.lock().unwrap();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].kind, "endpoint_disabled");
+    assert_eq!(
+        sent[0].audience,
+        Audience::Owner {
+            email: "owner@acme.example".into()
+        }
+    );
+}

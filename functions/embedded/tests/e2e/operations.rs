@@ -50,6 +50,12 @@ async fn twelve_failures_raise_one_alert_and_three_raise_none() {
     quiet
         .endpoint(json!({"url": down.url("/"), "retry": "none"}))
         .await;
+    let watcher = Receiver::answering(200).await;
+    noisy
+        .endpoint(
+            json!({"url": watcher.url("/ops"), "event_types": ["entrega.delivery.exhausted"]}),
+        )
+        .await;
     publish_n(&noisy, 12).await;
     publish_n(&quiet, 3).await;
     eventually(Duration::from_secs(20), "15 failure records", || async {
@@ -99,6 +105,17 @@ async fn twelve_failures_raise_one_alert_and_three_raise_none() {
         "the notice says how to resend"
     );
 
+    // The opted-in endpoint hears of each exhausted delivery.
+    eventually(
+        Duration::from_secs(10),
+        "12 entrega.delivery.exhausted",
+        || async { (watcher.count() == 12).then_some(()) },
+    )
+    .await;
+    assert!(watcher
+        .got()
+        .iter()
+        .all(|r| r.body.contains("\"type\":\"entrega.delivery.exhausted\"")));
     let metrics = reqwest::get(format!("{}/metrics", server.base))
         .await
         .unwrap()
