@@ -70,6 +70,28 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A new endpoint with every setting at its default and a fresh secret.
+    pub fn new(tenant_id: TenantId, url: impl Into<String>, now: DateTime<Utc>) -> Self {
+        Self {
+            id: EndpointId::generate(),
+            tenant_id,
+            url: url.into(),
+            event_types: Vec::new(),
+            mode: DeliveryMode::default(),
+            retry: RetrySpec::default(),
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            max_concurrency: DEFAULT_MAX_CONCURRENCY,
+            disabled: false,
+            description: None,
+            secret: Secret::generate(),
+            previous_secret: None,
+            created_at: now,
+            updated_at: now,
+            failing_since: None,
+            disabled_reason: None,
+        }
+    }
+
     /// The secrets that sign an attempt made at `now`: the current one first, and the
     /// previous one while its overlap lasts.
     pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<&Secret> {
@@ -163,6 +185,7 @@ pub fn validate_event_type_patterns(patterns: &[String]) -> Result<(), EventType
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::TenantId;
 
     fn pats(p: &[&str]) -> Vec<String> {
         p.iter().map(|s| s.to_string()).collect()
@@ -183,7 +206,11 @@ mod tests {
 
     #[test]
     fn operational_events_are_opt_in() {
-        let mut e = crate::handlers::tests_support::endpoint(vec![]);
+        let mut e = Endpoint::new(
+            TenantId::generate(),
+            "https://hooks.example.com/",
+            chrono::Utc::now(),
+        );
         assert!(e.subscribes_to("lead.created"));
         assert!(
             !e.subscribes_to("entrega.delivery.exhausted"),

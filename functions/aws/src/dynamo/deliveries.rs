@@ -115,16 +115,11 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(delivery_pk(id))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        out.item().map(from_json).transpose()
+        self.get_main(delivery_pk(id))
+            .await?
+            .as_ref()
+            .map(from_json)
+            .transpose()
     }
 
     async fn save_delivery(
@@ -167,29 +162,10 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
-        let mut attempts = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.main_table)
-                .key_condition_expression("pk = :pk AND begins_with(sk, :att)")
-                .expression_attribute_values(":pk", s(delivery_pk(id)))
-                .expression_attribute_values(":att", s("ATT#"))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(backend)?;
-            for item in out.items() {
-                attempts.push(from_json(item)?);
-            }
-            match out.last_evaluated_key() {
-                Some(k) => start = Some(k.clone()),
-                None => return Ok(attempts),
-            }
-        }
+        let items = self
+            .query_partition(None, PK, delivery_pk(id), Some((SK, "ATT#")))
+            .await?;
+        items.iter().map(from_json).collect()
     }
 
     async fn list_deliveries(&self, q: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
@@ -272,17 +248,10 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>> {
-        let out = self
-            .client
-            .query()
-            .table_name(&self.main_table)
-            .index_name("gsi4")
-            .key_condition_expression("gsi4pk = :pk")
-            .expression_attribute_values(":pk", s(format!("EV#{id}")))
-            .send()
-            .await
-            .map_err(backend)?;
-        out.items().iter().map(from_json).collect()
+        let items = self
+            .query_partition(Some("gsi4"), "gsi4pk", format!("EV#{id}"), None)
+            .await?;
+        items.iter().map(from_json).collect()
     }
 
     async fn endpoint_attempts_since(

@@ -61,16 +61,11 @@ impl EndpointStore for DynamoStore {
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(endpoint_pk(id))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        out.item().map(from_json).transpose()
+        self.get_main(endpoint_pk(id))
+            .await?
+            .as_ref()
+            .map(from_json)
+            .transpose()
     }
 
     async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
@@ -138,27 +133,9 @@ impl EndpointStore for DynamoStore {
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
-        let mut endpoints = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.main_table)
-                .index_name("gsi1")
-                .key_condition_expression("gsi1pk = :pk")
-                .expression_attribute_values(":pk", s(format!("TENANT_EP#{tenant}")))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(backend)?;
-            for item in out.items() {
-                endpoints.push(from_json(item)?);
-            }
-            match out.last_evaluated_key() {
-                Some(k) => start = Some(k.clone()),
-                None => return Ok(endpoints),
-            }
-        }
+        let items = self
+            .query_partition(Some("gsi1"), "gsi1pk", format!("TENANT_EP#{tenant}"), None)
+            .await?;
+        items.iter().map(from_json).collect()
     }
 }

@@ -97,16 +97,8 @@ impl FailureStore for DynamoStore {
         note: &str,
         at: DateTime<Utc>,
     ) -> StoreResult<Option<Failure>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(failure_pk(id))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        let Some(item) = out.item() else {
+        let item = self.get_main(failure_pk(id)).await?;
+        let Some(item) = item.as_ref() else {
             return Ok(None);
         };
         let mut failure: Failure = from_json(item)?;
@@ -128,16 +120,8 @@ impl FailureStore for DynamoStore {
     }
 
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(failure_pk(id))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        let Some(item) = out.item() else {
+        let item = self.get_main(failure_pk(id)).await?;
+        let Some(item) = item.as_ref() else {
             return Ok(None);
         };
         Ok(Some(self.with_payload(from_json(item)?).await?))
@@ -209,18 +193,10 @@ impl CounterStore for DynamoStore {
     }
 
     async fn recall(&self, remembered: &str) -> StoreResult<Option<String>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(format!("REMEMBER#{remembered}"))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
+        let item = self.get_main(format!("REMEMBER#{remembered}")).await?;
         let now = self.clock.now().timestamp();
-        Ok(out
-            .item()
+        Ok(item
+            .as_ref()
             .filter(|i| {
                 i.get(TTL_ATTRIBUTE)
                     .and_then(|v| v.as_n().ok())

@@ -130,6 +130,63 @@ fn key(pk: String) -> Item {
     HashMap::from([(PK.to_owned(), s(pk)), (SK.to_owned(), s(ONLY))])
 }
 
+impl DynamoStore {
+    /// A consistent read of the single-record item `pk` of the main table.
+    pub(crate) async fn get_main(&self, pk: String) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(pk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(out.item().cloned())
+    }
+
+    /// Every item of one partition of `index` (the table itself for `None`), all
+    /// pages, in key order; `sk_prefix` narrows to sort keys starting with it.
+    pub(crate) async fn query_partition(
+        &self,
+        index: Option<&str>,
+        pk_attr: &str,
+        pk: String,
+        sk: Option<(&str, &str)>,
+    ) -> Result<Vec<Item>, StoreError> {
+        let condition = if sk.is_some() {
+            "#pk = :pk AND begins_with(#sk, :prefix)"
+        } else {
+            "#pk = :pk"
+        };
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.main_table)
+                .set_index_name(index.map(str::to_owned))
+                .key_condition_expression(condition)
+                .expression_attribute_names("#pk", pk_attr)
+                .expression_attribute_values(":pk", s(pk.clone()))
+                .consistent_read(index.is_none())
+                .set_exclusive_start_key(start);
+            if let Some((sk_attr, prefix)) = sk {
+                query = query
+                    .expression_attribute_names("#sk", sk_attr)
+                    .expression_attribute_values(":prefix", s(prefix));
+            }
+            let out = query.send().await.map_err(backend)?;
+            items.extend(out.items().iter().cloned());
+            match out.last_evaluated_key() {
+                Some(k) => start = Some(k.clone()),
+                None => return Ok(items),
+            }
+        }
+    }
+}
+
 /// One partition of one index, read newest first.
 pub(crate) struct Partition {
     pub index: Option<&'static str>,

@@ -62,16 +62,11 @@ impl TenantStore for DynamoStore {
     }
 
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(tenant_pk(id))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        out.item().map(from_json).transpose()
+        self.get_main(tenant_pk(id))
+            .await?
+            .as_ref()
+            .map(from_json)
+            .transpose()
     }
 
     async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {
@@ -96,29 +91,12 @@ impl TenantStore for DynamoStore {
     }
 
     async fn has_admin_key(&self) -> StoreResult<bool> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(ADMIN_MARKER.to_owned())))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        Ok(out.item().is_some())
+        Ok(self.get_main(ADMIN_MARKER.to_owned()).await?.is_some())
     }
 
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(key_pk(api_key_hash))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(backend)?;
-        let Some(item) = out.item() else {
+        let item = self.get_main(key_pk(api_key_hash)).await?;
+        let Some(item) = item.as_ref() else {
             return Ok(None);
         };
         let json = get_s(item, "principal")

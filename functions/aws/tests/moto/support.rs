@@ -1,12 +1,11 @@
 //! Tenants, endpoints and producer transactions for the AWS tests.
 
 use entrega_aws::outbox::outbox_put;
-use entrega_core::endpoint::{DeliveryMode, Endpoint, DEFAULT_MAX_CONCURRENCY, DEFAULT_TIMEOUT_MS};
+use entrega_core::endpoint::Endpoint;
 use entrega_core::event::Event;
-use entrega_core::ids::{EndpointId, EventId, TenantId};
+use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::Services;
 use entrega_core::retry::RetrySpec;
-use entrega_core::signature::Secret;
 use entrega_core::tenant::Tenant;
 
 use crate::harness::Stack;
@@ -34,23 +33,10 @@ pub async fn endpoint(
 ) -> Endpoint {
     let now = services.clock.now();
     let endpoint = Endpoint {
-        id: EndpointId::generate(),
-        tenant_id: tenant.clone(),
-        url,
-        event_types: vec![],
-        mode: DeliveryMode::AtLeastOnce,
         retry,
-        timeout_ms: DEFAULT_TIMEOUT_MS,
-        max_concurrency: DEFAULT_MAX_CONCURRENCY,
-        disabled: false,
-        description: None,
-        secret: Secret::generate(),
-        previous_secret: None,
-        created_at: now,
-        updated_at: now,
-        failing_since: None,
-        disabled_reason: None,
+        ..Endpoint::new(tenant.clone(), url, now)
     };
+
     services.store.create_endpoint(&endpoint).await.unwrap();
     endpoint
 }

@@ -11,8 +11,6 @@ pub mod notices;
 pub mod resend;
 pub mod resume;
 pub mod task;
-#[cfg(test)]
-pub(crate) mod tests_support;
 pub mod webhook;
 pub mod worker;
 

@@ -6,9 +6,9 @@ use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
 use entrega_core::ids::{DeliveryId, EndpointId, EventId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+use rusqlite::{params, params_from_iter, Connection};
 
-use super::{ts, DbError, SqliteStore};
+use super::{json_row, json_rows, ts, DbError, SqliteStore};
 
 fn state_name(state: DeliveryState) -> String {
     serde_json::to_value(state)
@@ -18,23 +18,11 @@ fn state_name(state: DeliveryState) -> String {
 }
 
 fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
-    let json: Option<String> = conn
-        .query_row("SELECT json FROM deliveries WHERE id = ?1", [id], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+    json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
 }
 
 fn read_many(conn: &Connection, sql: &str, args: Vec<SqlValue>) -> Result<Vec<Delivery>, DbError> {
-    let mut stmt = conn.prepare(sql)?;
-    let rows = stmt
-        .query_map(params_from_iter(args), |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows
-        .iter()
-        .map(|j| serde_json::from_str(j))
-        .collect::<Result<Vec<_>, _>>()?)
+    json_rows(conn, sql, params_from_iter(args))
 }
 
 #[async_trait]
@@ -126,14 +114,11 @@ impl DeliveryStore for SqliteStore {
         let id = id.to_string();
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare("SELECT json FROM attempts WHERE delivery_id = ?1")?;
-                let rows = stmt
-                    .query_map([id], |r| r.get::<_, String>(0))?
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut attempts = rows
-                    .iter()
-                    .map(|j| serde_json::from_str::<Attempt>(j))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let mut attempts: Vec<Attempt> = json_rows(
+                    conn,
+                    "SELECT json FROM attempts WHERE delivery_id = ?1",
+                    [id],
+                )?;
                 attempts.sort_by_key(|a| (a.generation, a.number, a.started_at));
                 Ok(attempts)
             })
@@ -207,19 +192,12 @@ impl DeliveryStore for SqliteStore {
         let (endpoint, since) = (endpoint.to_string(), ts(since));
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
+                json_rows(
+                    conn,
                     "SELECT json FROM attempts WHERE endpoint_id = ?1 AND started_at >= ?2
                      ORDER BY started_at DESC LIMIT ?3",
-                )?;
-                let rows = stmt
-                    .query_map(params![endpoint, since, limit as i64], |r| {
-                        r.get::<_, String>(0)
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows
-                    .iter()
-                    .map(|j| serde_json::from_str(j))
-                    .collect::<Result<Vec<_>, _>>()?)
+                    params![endpoint, since, limit as i64],
+                )
             })
             .await
     }

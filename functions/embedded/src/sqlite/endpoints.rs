@@ -4,9 +4,9 @@ use async_trait::async_trait;
 use entrega_core::endpoint::Endpoint;
 use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::ports::{EndpointStore, Page, StoreResult};
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 
-use super::{DbError, SqliteStore};
+use super::{json_row, json_rows, DbError, SqliteStore};
 
 fn to_json(e: &Endpoint) -> String {
     serde_json::to_string(e).expect("an endpoint serialises")
@@ -34,14 +34,7 @@ impl EndpointStore for SqliteStore {
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
-                let json: Option<String> = conn
-                    .query_row("SELECT json FROM endpoints WHERE id = ?1", [id], |r| {
-                        r.get(0)
-                    })
-                    .optional()?;
-                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
-            })
+            .call(move |conn| json_row(conn, "SELECT json FROM endpoints WHERE id = ?1", [id]))
             .await
     }
 
@@ -110,14 +103,11 @@ impl EndpointStore for SqliteStore {
         let tenant = tenant.to_string();
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare("SELECT json FROM endpoints WHERE tenant_id = ?1")?;
-                let rows = stmt
-                    .query_map([tenant], |r| r.get::<_, String>(0))?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows
-                    .iter()
-                    .map(|j| serde_json::from_str(j))
-                    .collect::<Result<Vec<_>, _>>()?)
+                json_rows(
+                    conn,
+                    "SELECT json FROM endpoints WHERE tenant_id = ?1",
+                    [tenant],
+                )
             })
             .await
     }

@@ -1,12 +1,11 @@
 //! The outbox in SQLite, and the embedded trigger's reading position in it.
 
+use super::{json_row, json_rows, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::EventId;
 use entrega_core::ports::{EventStore, Published, StoreResult};
-use rusqlite::{params, OptionalExtension};
-
-use super::SqliteStore;
+use rusqlite::params;
 
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
 /// interleaved with everyone else's instead of ahead of it.
@@ -37,12 +36,7 @@ impl EventStore for SqliteStore {
     async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
-                let json: Option<String> = conn
-                    .query_row("SELECT json FROM outbox WHERE id = ?1", [id], |r| r.get(0))
-                    .optional()?;
-                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
-            })
+            .call(move |conn| json_row(conn, "SELECT json FROM outbox WHERE id = ?1", [id]))
             .await
     }
 }
@@ -52,19 +46,10 @@ impl SqliteStore {
     pub async fn outbox_waiting(&self, limit: usize) -> StoreResult<Vec<Event>> {
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
-                    "SELECT json FROM (
+                json_rows(conn, "SELECT json FROM (
                          SELECT json, seq, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY seq) AS rank
                          FROM outbox WHERE fanned_out = 0)
-                     WHERE rank <= ?1 ORDER BY rank, seq LIMIT ?2",
-                )?;
-                let rows = stmt
-                    .query_map(params![OUTBOX_ROWS_PER_TENANT, limit as i64], |r| r.get::<_, String>(0))?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows
-                    .iter()
-                    .map(|j| serde_json::from_str(j))
-                    .collect::<Result<Vec<_>, _>>()?)
+                     WHERE rank <= ?1 ORDER BY rank, seq LIMIT ?2", params![OUTBOX_ROWS_PER_TENANT, limit as i64])
             })
             .await
     }

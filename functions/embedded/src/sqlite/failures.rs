@@ -2,14 +2,13 @@
 
 use std::time::Duration;
 
+use super::{json_row, SqliteStore};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use entrega_core::failure::{Failure, FailureQuery};
 use entrega_core::ids::FailureId;
 use entrega_core::ports::{CounterStore, FailureStore, Page, StoreResult};
 use rusqlite::{params, OptionalExtension};
-
-use super::SqliteStore;
 
 #[async_trait]
 impl FailureStore for SqliteStore {
@@ -96,14 +95,7 @@ impl FailureStore for SqliteStore {
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
-                let json: Option<String> = conn
-                    .query_row("SELECT json FROM failures WHERE id = ?1", [id], |r| {
-                        r.get(0)
-                    })
-                    .optional()?;
-                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
-            })
+            .call(move |conn| json_row(conn, "SELECT json FROM failures WHERE id = ?1", [id]))
             .await
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use entrega_core::ports::{Clock, StoreError, StoreResult};
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 /// How long a statement waits for a lock held by another connection (an operator's
 /// `sqlite3` shell) before failing.
@@ -90,6 +90,32 @@ impl From<DbError> for StoreError {
             DbError::Conflict(what) => StoreError::Conflict(what),
         }
     }
+}
+
+/// The JSON record in the first column of the one row `sql` selects, decoded.
+fn json_row<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Option<T>, DbError> {
+    let json: Option<String> = conn.query_row(sql, params, |r| r.get(0)).optional()?;
+    Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+}
+
+/// The JSON records in the first column of the rows `sql` selects, decoded.
+fn json_rows<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<T>, DbError> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt
+        .query_map(params, |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows
+        .iter()
+        .map(|j| serde_json::from_str(j))
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Whether an insert failed on a uniqueness constraint.

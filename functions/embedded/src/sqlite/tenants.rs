@@ -1,12 +1,11 @@
 //! Tenants and API keys in SQLite.
 
+use super::{is_unique_violation, json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{StoreResult, TenantStore};
 use entrega_core::tenant::{Principal, Tenant};
-use rusqlite::{params, OptionalExtension};
-
-use super::{is_unique_violation, DbError, SqliteStore};
+use rusqlite::params;
 
 #[async_trait]
 impl TenantStore for SqliteStore {
@@ -43,12 +42,7 @@ impl TenantStore for SqliteStore {
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
-                let json: Option<String> = conn
-                    .query_row("SELECT json FROM tenants WHERE id = ?1", [id], |r| r.get(0))
-                    .optional()?;
-                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
-            })
+            .call(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
             .await
     }
 
@@ -71,14 +65,11 @@ impl TenantStore for SqliteStore {
         let hash = api_key_hash.to_owned();
         self.db
             .call(move |conn| {
-                let json: Option<String> = conn
-                    .query_row(
-                        "SELECT principal FROM api_keys WHERE hash = ?1",
-                        [hash],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+                json_row(
+                    conn,
+                    "SELECT principal FROM api_keys WHERE hash = ?1",
+                    [hash],
+                )
             })
             .await
     }

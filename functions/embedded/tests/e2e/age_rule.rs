@@ -135,24 +135,8 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     };
     services.store.create_tenant(&tenant, "hash").await.unwrap();
     let now = clock.now();
-    let endpoint = Endpoint {
-        id: EndpointId::generate(),
-        tenant_id: tenant.id.clone(),
-        url: "https://hooks.example.com/".into(),
-        event_types: vec![],
-        mode: Default::default(),
-        retry: Default::default(),
-        timeout_ms: 10_000,
-        max_concurrency: 8,
-        disabled: false,
-        description: None,
-        secret: entrega_core::signature::Secret::generate(),
-        previous_secret: None,
-        created_at: now,
-        updated_at: now,
-        failing_since: None,
-        disabled_reason: None,
-    };
+    let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", now);
+
     services.store.create_endpoint(&endpoint).await.unwrap();
     let current = |s: &entrega_core::ports::Services| {
         let (s, id) = (s.clone(), endpoint.id.clone());

@@ -11,7 +11,6 @@ use entrega_core::endpoint::{
 use entrega_core::handlers::resume::resume_paused;
 use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::retry::RetrySpec;
-use entrega_core::signature::Secret;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -101,9 +100,6 @@ async fn create_endpoint(
     }
     let now = state.services.clock.now();
     let endpoint = Endpoint {
-        id: EndpointId::generate(),
-        tenant_id,
-        url: body.url,
         event_types: body.event_types,
         mode: body.mode,
         retry: body.retry,
@@ -111,13 +107,9 @@ async fn create_endpoint(
         max_concurrency: body.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY),
         disabled: body.disabled,
         description: body.description,
-        secret: Secret::generate(),
-        previous_secret: None,
-        created_at: now,
-        updated_at: now,
-        failing_since: None,
-        disabled_reason: None,
+        ..Endpoint::new(tenant_id, body.url, now)
     };
+
     validate(&endpoint, &state)?;
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));
     state.services.store.create_endpoint(&endpoint).await?;
