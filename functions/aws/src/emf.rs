@@ -56,7 +56,13 @@ impl Metrics for EmfMetrics {
             values.push(("DeliveryLatency", "Milliseconds", latency as f64));
         }
         let doc = document(
-            &[&["TenantId"], &["TenantId", "EndpointId"], &[]],
+            // Per tenant, per endpoint, and by outcome (failures by kind).
+            &[
+                &["TenantId"],
+                &["TenantId", "EndpointId"],
+                &["Outcome"],
+                &[],
+            ],
             json!({ "TenantId": m.tenant_id, "EndpointId": m.endpoint_id, "Outcome": outcome }),
             &values,
         );

@@ -14,7 +14,7 @@ use entrega_core::ports::{Settings, SystemClock};
 use entrega_embedded::cli::{
     self, ApiArgs, DeliveriesCommand, EndpointsCommand, FailuresCommand, ResendArgs,
 };
-use entrega_embedded::notifier::AlertWebhook;
+use entrega_embedded::notifier::{AlertWebhook, SmtpRelay};
 use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
 use entrega_embedded::sqlite::{SqliteDb, SqliteStore};
 use entrega_http::transport::TargetPolicy;
@@ -125,6 +125,18 @@ struct ServeArgs {
     /// The `whsec_…` secret alert webhooks are signed with.
     #[arg(long, env = "ENTREGA_ALERT_WEBHOOK_SECRET", hide_env_values = true)]
     alert_webhook_secret: Option<entrega_core::signature::Secret>,
+    /// SMTP server for owner notices, e.g. `smtp://user:pass@mail.example.com:587?tls=required`;
+    /// unset: owner notices are logged.
+    #[arg(
+        long,
+        env = "ENTREGA_SMTP_URL",
+        hide_env_values = true,
+        requires = "smtp_from"
+    )]
+    smtp_url: Option<String>,
+    /// The sender of owner notices, e.g. `Entrega <notices@example.com>`.
+    #[arg(long, env = "ENTREGA_SMTP_FROM")]
+    smtp_from: Option<lettre::message::Mailbox>,
     /// Days of failing every attempt after which an endpoint is disabled.
     #[arg(long, env = "ENTREGA_UNHEALTHY_AFTER_DAYS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     unhealthy_after_days: u64,
@@ -184,6 +196,10 @@ async fn run(command: Command) -> Result<(), BoxError> {
                     .alert_webhook
                     .zip(args.alert_webhook_secret)
                     .map(|(url, secret)| AlertWebhook { url, secret }),
+                smtp: args
+                    .smtp_url
+                    .zip(args.smtp_from)
+                    .map(|(url, from)| SmtpRelay { url, from }),
                 api_rate_limit: args.api_rate_limit,
             })
             .await

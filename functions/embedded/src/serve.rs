@@ -21,7 +21,7 @@ use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
 
 use crate::metrics::PrometheusMetrics;
-use crate::notifier::{AlertWebhook, EmbeddedNotifier};
+use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
 use crate::runtime::Runtime;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{SqliteDb, SqliteStore};
@@ -50,6 +50,8 @@ pub struct ServeConfig {
     pub settings: Settings,
     /// Where on-call alerts go (signed POSTs); `None`: the log.
     pub alert_webhook: Option<AlertWebhook>,
+    /// Where owner notices are e-mailed through; `None`: the log.
+    pub smtp: Option<SmtpRelay>,
     /// API requests per second per key (burst: twice as many).
     pub api_rate_limit: u32,
 }
@@ -61,7 +63,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let transport = Arc::new(HttpTransport::new(config.targets.clone()));
     let metrics = Arc::new(PrometheusMetrics::default());
-    let notifier: Arc<dyn Notifier> = Arc::new(EmbeddedNotifier::new(config.alert_webhook.clone()));
+    let notifier: Arc<dyn Notifier> = Arc::new(EmbeddedNotifier::new(
+        config.alert_webhook.clone(),
+        config.smtp.clone(),
+    )?);
     match &config.backend {
         Backend::Sqlite { db } => {
             let lock = lock_database(db)?;
@@ -149,7 +154,7 @@ pub async fn open_sqlite(
         deliveries: Arc::new(deliveries.clone()),
         failures: Arc::new(failures),
         scheduler: Arc::new(deliveries),
-        notifier: Arc::new(EmbeddedNotifier::new(None)),
+        notifier: Arc::new(EmbeddedNotifier::new(None, None).expect("no SMTP to configure")),
         transport,
         clock,
         metrics: Arc::new(NoMetrics),

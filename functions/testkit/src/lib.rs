@@ -247,3 +247,72 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// A minimal SMTP server on loopback that accepts every message and keeps it (just
+/// enough of RFC 5321 for a client: greeting, EHLO, MAIL, RCPT, DATA, QUIT).
+#[derive(Clone)]
+pub struct SmtpSink {
+    pub addr: SocketAddr,
+    messages: Arc<Mutex<Vec<String>>>,
+}
+
+impl SmtpSink {
+    pub async fn start() -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let messages: Arc<Mutex<Vec<String>>> = Arc::default();
+        let kept = messages.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = socket.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    let _ = write.write_all(b"220 sink ESMTP\r\n").await;
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let verb = line
+                            .split_whitespace()
+                            .next()
+                            .unwrap_or("")
+                            .to_ascii_uppercase();
+                        let reply: &[u8] = match verb.as_str() {
+                            "EHLO" | "HELO" => b"250 sink\r\n",
+                            "DATA" => {
+                                let _ = write.write_all(b"354 end with .\r\n").await;
+                                let mut message = String::new();
+                                while let Ok(Some(l)) = lines.next_line().await {
+                                    if l == "." {
+                                        break;
+                                    }
+                                    message.push_str(&l);
+                                    message.push('\n');
+                                }
+                                kept.lock().unwrap().push(message);
+                                b"250 queued\r\n"
+                            }
+                            "QUIT" => {
+                                let _ = write.write_all(b"221 bye\r\n").await;
+                                return;
+                            }
+                            _ => b"250 ok\r\n",
+                        };
+                        let _ = write.write_all(reply).await;
+                    }
+                });
+            }
+        });
+        Self { addr, messages }
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://{}", self.addr)
+    }
+
+    pub fn messages(&self) -> Vec<String> {
+        self.messages.lock().unwrap().clone()
+    }
+}
