@@ -55,6 +55,27 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
+impl<T> Page<T> {
+    /// A page from up to `limit + 1` rows read newest first: the extra row only says
+    /// there is more, and the cursor is the last row kept. `resume` is where to go on
+    /// when the read stopped early for another reason (a bounded scan), if no extra row
+    /// was found.
+    pub fn from_rows(
+        mut data: Vec<T>,
+        limit: usize,
+        cursor: impl Fn(&T) -> String,
+        resume: Option<String>,
+    ) -> Self {
+        let next_cursor = if data.len() > limit {
+            data.truncate(limit);
+            data.last().map(cursor)
+        } else {
+            resume
+        };
+        Self { data, next_cursor }
+    }
+}
+
 #[async_trait]
 pub trait TenantStore: Send + Sync {
     /// Create the tenant and its first API key (stored as a hash) together.

@@ -234,17 +234,11 @@ impl DeliveryStore for DynamoStore {
                 break;
             }
         }
-        let mut data = items
+        let data = items
             .iter()
             .map(from_json)
             .collect::<Result<Vec<Delivery>, _>>()?;
-        let next_cursor = if data.len() > q.limit {
-            data.truncate(q.limit);
-            data.last().map(|d| d.id.to_string())
-        } else {
-            resume
-        };
-        Ok(Page { data, next_cursor })
+        Ok(Page::from_rows(data, q.limit, |d| d.id.to_string(), resume))
     }
 
     async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>> {

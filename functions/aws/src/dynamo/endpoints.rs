@@ -116,20 +116,17 @@ impl EndpointStore for DynamoStore {
         let found = self
             .collect_desc(&part, cursor, limit + 1, &|_| true, &mut pages)
             .await?;
-        let mut data = found
+        let data = found
             .items
             .iter()
             .map(from_json)
             .collect::<Result<Vec<Endpoint>, _>>()?;
-        let next_cursor = if data.len() > limit {
-            data.truncate(limit);
-            data.last().map(|e| e.id.to_string())
-        } else if found.more {
-            found.last_seen
-        } else {
-            None
-        };
-        Ok(Page { data, next_cursor })
+        Ok(Page::from_rows(
+            data,
+            limit,
+            |e| e.id.to_string(),
+            found.more.then_some(found.last_seen).flatten(),
+        ))
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {

@@ -80,15 +80,12 @@ impl FailureStore for DynamoStore {
         for item in &found.items {
             data.push(self.with_payload(from_json(item)?).await?);
         }
-        let next_cursor = if data.len() > q.limit {
-            data.truncate(q.limit);
-            data.last().map(|f| f.id.to_string())
-        } else if found.more {
-            found.last_seen
-        } else {
-            None
-        };
-        Ok(Page { data, next_cursor })
+        Ok(Page::from_rows(
+            data,
+            q.limit,
+            |f| f.id.to_string(),
+            found.more.then_some(found.last_seen).flatten(),
+        ))
     }
 
     async fn acknowledge_failure(

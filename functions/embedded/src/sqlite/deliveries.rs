@@ -158,14 +158,8 @@ impl DeliveryStore for SqliteStore {
                 }
                 args.push(SqlValue::Integer(q.limit as i64 + 1));
                 sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
-                let mut data = read_many(conn, &sql, args)?;
-                let next_cursor = if data.len() > q.limit {
-                    data.truncate(q.limit);
-                    data.last().map(|d| d.id.to_string())
-                } else {
-                    None
-                };
-                Ok(Page { data, next_cursor })
+                let data = read_many(conn, &sql, args)?;
+                Ok(Page::from_rows(data, q.limit, |d| d.id.to_string(), None))
             })
             .await
     }

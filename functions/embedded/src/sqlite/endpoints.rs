@@ -84,17 +84,11 @@ impl EndpointStore for SqliteStore {
                         r.get::<_, String>(0)
                     })?
                     .collect::<Result<Vec<_>, _>>()?;
-                let mut data = rows
+                let data = rows
                     .iter()
                     .map(|j| serde_json::from_str::<Endpoint>(j))
                     .collect::<Result<Vec<_>, _>>()?;
-                let next_cursor = if data.len() > limit {
-                    data.truncate(limit);
-                    data.last().map(|e| e.id.to_string())
-                } else {
-                    None
-                };
-                Ok(Page { data, next_cursor })
+                Ok(Page::from_rows(data, limit, |e| e.id.to_string(), None))
             })
             .await
     }

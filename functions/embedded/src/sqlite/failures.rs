@@ -48,17 +48,11 @@ impl FailureStore for SqliteStore {
                         |r| r.get::<_, String>(0),
                     )?
                     .collect::<Result<Vec<_>, _>>()?;
-                let mut data = rows
+                let data = rows
                     .iter()
                     .map(|j| serde_json::from_str::<Failure>(j))
                     .collect::<Result<Vec<_>, _>>()?;
-                let next_cursor = if data.len() > q.limit {
-                    data.truncate(q.limit);
-                    data.last().map(|f| f.id.to_string())
-                } else {
-                    None
-                };
-                Ok(Page { data, next_cursor })
+                Ok(Page::from_rows(data, q.limit, |f| f.id.to_string(), None))
             })
             .await
     }
