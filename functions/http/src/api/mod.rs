@@ -8,6 +8,7 @@ pub mod events;
 pub mod extract;
 pub mod failures;
 pub mod openapi;
+mod openapi_schemas;
 pub mod problem;
 pub mod rate_limit;
 pub mod resend;
