@@ -63,6 +63,19 @@ impl std::str::FromStr for DeliveryStatus {
 }
 
 impl DeliveryState {
+    /// The stored name (the serde name), for indexes and queries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivering => "delivering",
+            Self::Retrying => "retrying",
+            Self::Paused => "paused",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+            Self::Exhausted => "exhausted",
+        }
+    }
+
     pub fn status(self) -> DeliveryStatus {
         match self {
             Self::Pending | Self::Delivering | Self::Retrying | Self::Paused => {
@@ -202,6 +215,18 @@ mod tests {
         assert_eq!(DeliveryState::Exhausted.status(), DeliveryStatus::Exhausted);
         assert!(DeliveryState::Failed.is_terminal());
         assert!(!DeliveryState::Delivering.is_terminal());
+        for state in [
+            DeliveryState::Pending,
+            DeliveryState::Delivering,
+            DeliveryState::Retrying,
+            DeliveryState::Paused,
+        ] {
+            assert_eq!(
+                serde_json::to_value(state).unwrap(),
+                state.as_str(),
+                "the stored name is the serde name"
+            );
+        }
         assert_eq!("exhausted".parse(), Ok(DeliveryStatus::Exhausted));
         assert!("retrying".parse::<DeliveryStatus>().is_err());
     }

@@ -27,13 +27,6 @@ fn day_of(id_ms: i64) -> String {
         .to_string()
 }
 
-fn state_name(state: DeliveryState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .expect("a state serialises to a string")
-}
-
 impl DynamoStore {
     fn delivery_item(&self, d: &Delivery) -> Item {
         let mut item = key(delivery_pk(&d.id));
@@ -44,7 +37,7 @@ impl DynamoStore {
             ("tenant_id".to_owned(), s(d.tenant_id.as_str())),
             ("endpoint_id".to_owned(), s(d.endpoint_id.as_str())),
             ("event_type".to_owned(), s(d.event_type.clone())),
-            ("state".to_owned(), s(state_name(d.state))),
+            ("state".to_owned(), s(d.state.as_str())),
             ("status".to_owned(), s(d.state.status().as_str())),
             ("created_at".to_owned(), s(format_timestamp(d.created_at))),
             ("gsi1pk".to_owned(), s(format!("T#{}", d.tenant_id))),

@@ -2,20 +2,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
+use entrega_core::delivery::{Attempt, Delivery};
 use entrega_core::ids::{DeliveryId, EndpointId, EventId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
 use super::{json_row, json_rows, ts, DbError, SqliteStore};
-
-fn state_name(state: DeliveryState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .expect("a state serialises to a string")
-}
 
 fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
     json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
@@ -42,7 +35,7 @@ impl DeliveryStore for SqliteStore {
                         d.endpoint_id.as_str(),
                         d.event_id.as_str(),
                         d.event_type,
-                        state_name(d.state),
+                        d.state.as_str(),
                         d.state.status().as_str(),
                         ts(d.created_at),
                         d.version as i64,
@@ -78,7 +71,7 @@ impl DeliveryStore for SqliteStore {
                      WHERE id = ?1 AND version = ?6",
                     params![
                         next.id.as_str(),
-                        state_name(next.state),
+                        next.state.as_str(),
                         next.state.status().as_str(),
                         next.version as i64,
                         serde_json::to_string(&next)?,
