@@ -13,7 +13,7 @@ use crate::failure::{Failure, FailureNotice, FailureReason};
 use crate::ids::FailureId;
 use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
 
-use super::notices::{notify_once, owner_of, publish_operational};
+use super::notices::{notify_once, owner_of, publish_operational, send, take_claim};
 
 /// Failures per tenant per hour above which on-call hears about it (DESIGN.md).
 pub const DEFAULT_ALERT_THRESHOLD: u64 = 10;
@@ -137,6 +137,11 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
 /// with where to find the rest): an endpoint down with thousands of events sends one
 /// e-mail, not thousands.
 async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> StoreResult<()> {
+    // Claimed before the owner is looked up: the rest of the hour's failures cost no read.
+    let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
+    if !take_claim(services, &claim, COUNTER_TTL).await? {
+        return Ok(());
+    }
     let Some(owner) = owner_of(services, &failure.tenant_id).await? else {
         return Ok(());
     };
@@ -157,6 +162,6 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
             "more": "further failures this hour: GET /v1/failures?acknowledged=false",
         }),
     };
-    let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
-    notify_once(services, &claim, COUNTER_TTL, notice).await
+    send(services, &notice).await;
+    Ok(())
 }

@@ -20,24 +20,33 @@ pub async fn notify_once(
     ttl: Duration,
     notice: Notice,
 ) -> StoreResult<()> {
-    if services
+    if take_claim(services, claim, ttl).await? {
+        send(services, &notice).await;
+    }
+    Ok(())
+}
+
+/// Take `claim` for `ttl`; `false` if it was already taken. Claim before building a
+/// notice that costs a read (the owner's address), so a storm of failures reads once.
+pub async fn take_claim(services: &Services, claim: &str, ttl: Duration) -> StoreResult<bool> {
+    Ok(services
         .store
         .remember_once(claim, "sent", ttl)
         .await?
-        .is_some()
-    {
-        return Ok(());
-    }
+        .is_none())
+}
+
+/// Hand `notice` to the notifier; a notifier that keeps failing is logged.
+pub async fn send(services: &Services, notice: &Notice) {
     for attempt in 1..=NOTIFY_TRIES {
-        match services.notifier.notify(&notice).await {
-            Ok(()) => return Ok(()),
+        match services.notifier.notify(notice).await {
+            Ok(()) => return,
             Err(e) if attempt == NOTIFY_TRIES => {
                 tracing::error!(kind = %notice.kind, tenant_id = %notice.tenant_id, error = %e, "a notice could not be sent");
             }
             Err(_) => {}
         }
     }
-    Ok(())
 }
 
 /// The owner of `tenant`, for an owner notice (`None` if the tenant is gone).

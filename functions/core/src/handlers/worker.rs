@@ -107,9 +107,9 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
             return Ok(Disposition::Done);
         }
     };
-    let (mut delivery, attempts, sends) = split_actions(step);
+    let (attempts, sends) = split_actions(&step);
     // Persisted *before* sending: this write is the at-most-once guarantee.
-    delivery = match store.save_delivery(&delivery, &attempts).await {
+    let delivery = match store.save_delivery(&step.delivery, &attempts).await {
         Ok(saved) => saved,
         Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
         Err(e) => return Err(e),
@@ -152,8 +152,8 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     record_metrics(services, &delivery, &event, &report, now);
     let gone = report.result.status() == Some(GONE);
     let step = if gone { keep_paused(step, now) } else { step };
-    let (next, attempts, _) = split_actions(step.clone());
-    let saved = match store.save_delivery(&next, &attempts).await {
+    let (attempts, _) = split_actions(&step);
+    let saved = match store.save_delivery(&step.delivery, &attempts).await {
         Ok(saved) => saved,
         // Only a resend changes a delivery under a running attempt; it queued its own
         // message, so this one has nothing left to do.
@@ -213,8 +213,8 @@ fn record_metrics(
     });
 }
 
-/// The delivery to persist, the attempts to append with it, and whether to send.
-fn split_actions(step: state_machine::Step) -> (Delivery, Vec<crate::delivery::Attempt>, bool) {
+/// The attempts to append with the step's delivery, and whether to send.
+fn split_actions(step: &state_machine::Step) -> (Vec<crate::delivery::Attempt>, bool) {
     let mut attempts = Vec::new();
     let mut sends = false;
     for action in &step.actions {
@@ -224,7 +224,7 @@ fn split_actions(step: state_machine::Step) -> (Delivery, Vec<crate::delivery::A
             Action::RequeueAt(_) | Action::MoveToFailures(_) => {}
         }
     }
-    (step.delivery, attempts, sends)
+    (attempts, sends)
 }
 
 /// Act on the post-write actions: requeue, or hand to the failure handler.
