@@ -16,6 +16,8 @@ async fn main() -> Result<(), Error> {
         services,
         targets: Arc::new(targets),
         limiter,
+        conditions: Default::default(),
+        waiting: None,
     }))
     .await
 }

@@ -4,7 +4,7 @@
 //!
 //! | attribute | type | meaning |
 //! |---|---|---|
-//! | `pk` | S | the event id (no `.`) |
+//! | `pk` | S | `<tenant_id>:<event id>` (ids scoped to their tenant), or the bare event id |
 //! | `tenant_id` | S | whose endpoints receive it |
 //! | `type` | S | event type |
 //! | `payload` | S | the event data as JSON text |
@@ -29,10 +29,25 @@ pub enum OutboxError {
     Invalid(&'static str, String),
 }
 
+/// The outbox key of an event: its id prefixed with its tenant, so two tenants may
+/// use the same id. (A producer may also write the bare id as `pk`: it is then unique
+/// across the table, and is read the same way.)
+pub fn outbox_key(tenant: &TenantId, id: &EventId) -> String {
+    format!("{tenant}:{id}")
+}
+
+/// The event id a `pk` carries for `tenant`: the part after `<tenant_id>:`, or the
+/// whole key when it is a bare id.
+fn event_id_of<'a>(pk: &'a str, tenant: &str) -> &'a str {
+    pk.strip_prefix(tenant)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .unwrap_or(pk)
+}
+
 /// The outbox item of `event`.
 pub fn outbox_item(event: &Event, expires_at: Option<DateTime<Utc>>) -> Item {
     let mut item = Item::from([
-        (PK.to_owned(), s(event.id.as_str())),
+        (PK.to_owned(), s(outbox_key(&event.tenant_id, &event.id))),
         ("tenant_id".to_owned(), s(event.tenant_id.as_str())),
         ("type".to_owned(), s(event.event_type.clone())),
         ("payload".to_owned(), s(event.payload.clone())),
@@ -101,7 +116,9 @@ fn decode(
     created_at: &str,
 ) -> Result<Event, OutboxError> {
     let invalid = |field, e: &dyn std::fmt::Display| OutboxError::Invalid(field, e.to_string());
-    let id: EventId = id.parse().map_err(|e| invalid(PK, &e))?;
+    let id: EventId = event_id_of(id, tenant)
+        .parse()
+        .map_err(|e| invalid(PK, &e))?;
     let tenant_id: TenantId = tenant.parse().map_err(|e| invalid("tenant_id", &e))?;
     validate_event_type(event_type).map_err(|e| invalid("type", &e))?;
     if payload.len() > MAX_PAYLOAD_BYTES {

@@ -175,8 +175,10 @@ pub fn aws_services(
     clock: Arc<dyn Clock>,
 ) -> Services {
     let sqs = aws_sdk_sqs::Client::new(sdk);
+    let store = Arc::new(dynamo_store(sdk, r, clock.clone()));
     Services {
-        store: Arc::new(dynamo_store(sdk, r, clock.clone())),
+        store: store.clone(),
+        backlog: store,
         deliveries: Arc::new(SqsQueue::new(sqs.clone(), r.delivery_queue_url.clone())),
         failures: Arc::new(SqsQueue::new(sqs, r.failure_queue_url.clone())),
         scheduler: Arc::new(EventBridgeScheduler::new(

@@ -7,6 +7,8 @@ use crate::ids::{EndpointId, TenantId};
 use crate::retry::RetrySpec;
 use crate::signature::Secret;
 
+pub use crate::endpoint_health::EndpointHealth;
+
 /// Per-attempt timeout when the endpoint names none.
 pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
 /// Longest per-attempt timeout an endpoint may ask for: a slower receiver holds a
@@ -61,12 +63,17 @@ pub struct Endpoint {
     pub previous_secret: Option<PreviousSecret>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-    /// Since when every attempt has failed (`None` while the last one succeeded).
-    #[serde(default)]
-    pub failing_since: Option<DateTime<Utc>>,
     /// Why Entrega disabled it (410 Gone, failing too long); `None` if a human did.
     #[serde(default)]
     pub disabled_reason: Option<String>,
+    /// Optimistic-concurrency version of the configuration: every write names the
+    /// version it read, so a change the API confirmed is never overwritten.
+    #[serde(default)]
+    pub version: u64,
+    /// Health bookkeeping, stored apart from the configuration under its own version:
+    /// the worker writes only this, so it can never undo a client's change.
+    #[serde(skip)]
+    pub health: EndpointHealth,
 }
 
 impl Endpoint {
@@ -87,8 +94,9 @@ impl Endpoint {
             previous_secret: None,
             created_at: now,
             updated_at: now,
-            failing_since: None,
             disabled_reason: None,
+            version: 0,
+            health: EndpointHealth::default(),
         }
     }
 

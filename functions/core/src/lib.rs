@@ -5,8 +5,10 @@
 //! Nothing here does I/O: no AWS, no SQLite, no HTTP client. Adapters live in the
 //! `entrega-embedded`, `entrega-http` and (later) AWS crates.
 
+pub mod conditions;
 pub mod delivery;
 pub mod endpoint;
+pub mod endpoint_health;
 pub mod event;
 pub mod failure;
 pub mod handlers;

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::delivery::{Attempt, Delivery, DeliveryStatus};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, EndpointHealth};
 use crate::event::Event;
 use crate::failure::{Failure, FailureQuery};
 use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
@@ -91,8 +91,19 @@ pub trait TenantStore: Send + Sync {
 #[async_trait]
 pub trait EndpointStore: Send + Sync {
     async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    /// The endpoint with its health record.
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>>;
-    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    /// Write the configuration (never the health record) if the stored version is
+    /// still `endpoint.version`; returns it at the next version. `Conflict` if it
+    /// changed meanwhile or is gone.
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<Endpoint>;
+    /// Write the health record (never the configuration) if its stored version is
+    /// still `health.version`; returns it at the next version.
+    async fn update_endpoint_health(
+        &self,
+        id: &EndpointId,
+        health: &EndpointHealth,
+    ) -> StoreResult<EndpointHealth>;
     async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()>;
     /// Newest first; `None` tenant lists every tenant's (admin).
     async fn list_endpoints(
@@ -115,9 +126,10 @@ pub enum Published {
 
 #[async_trait]
 pub trait EventStore: Send + Sync {
-    /// Write the event into the outbox unless its id exists (the producer contract).
+    /// Write the event into the outbox unless its tenant already has an event with
+    /// this id (ids are scoped to their tenant: two tenants may use the same one).
     async fn publish(&self, event: &Event) -> StoreResult<Published>;
-    async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>>;
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>>;
 }
 
 /// Filters of the delivery log.
@@ -136,8 +148,10 @@ pub struct DeliveryQuery {
 
 #[async_trait]
 pub trait DeliveryStore: Send + Sync {
-    /// Create unless a delivery with this id exists; either way return the stored one.
-    async fn create_delivery_if_absent(&self, delivery: &Delivery) -> StoreResult<Delivery>;
+    /// Create unless a delivery with this id exists; either way return the stored one,
+    /// and whether this call created it.
+    async fn create_delivery_if_absent(&self, delivery: &Delivery)
+        -> StoreResult<(Delivery, bool)>;
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
     /// Write `delivery` and append `attempts` in one atomic step, if the stored version
     /// is still `delivery.version`. Returns the written delivery (version + 1).
@@ -146,9 +160,17 @@ pub trait DeliveryStore: Send + Sync {
         delivery: &Delivery,
         attempts: &[Attempt],
     ) -> StoreResult<Delivery>;
+    /// Append attempts without touching the delivery: the record of an attempt whose
+    /// generation a resend superseded while it ran (the attempt happened; the log must
+    /// show it).
+    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()>;
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
-    async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>>;
+    async fn deliveries_of_event(
+        &self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>>;
     /// Attempts at an endpoint started at or after `since`, newest first, at most `limit`.
     async fn endpoint_attempts_since(
         &self,
@@ -195,6 +217,33 @@ pub trait CounterStore: Send + Sync {
     ) -> StoreResult<Option<String>>;
     /// What is remembered under `key`, unless it expired.
     async fn recall(&self, key: &str) -> StoreResult<Option<String>>;
+    /// Drop what is remembered under `key` (a claim whose request failed).
+    async fn forget(&self, key: &str) -> StoreResult<()>;
+}
+
+/// The undelivered work of each tenant, for backpressure: past a limit, publishing
+/// answers 429 before the disk fills.
+#[async_trait]
+pub trait Backlog: Send + Sync {
+    /// Deliveries waiting for an attempt (queued, retrying) plus events waiting for
+    /// fan-out, of `tenant`.
+    async fn tenant_backlog(&self, tenant: &TenantId) -> StoreResult<u64>;
+    /// `delta` deliveries entered (+) or left (−) the waiting set of `tenant`. A store
+    /// that derives the figure from its queues ignores this.
+    async fn record(&self, tenant: &TenantId, delta: i64) -> StoreResult<()>;
+}
+
+/// A backlog nobody tracks (tools that run handlers outside a runtime).
+pub struct NoBacklog;
+
+#[async_trait]
+impl Backlog for NoBacklog {
+    async fn tenant_backlog(&self, _: &TenantId) -> StoreResult<u64> {
+        Ok(0)
+    }
+    async fn record(&self, _: &TenantId, _: i64) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// Everything a handler may read or write. One adapter implements all of it.
@@ -327,7 +376,12 @@ pub struct Settings {
     pub unhealthy_after: Duration,
     /// A failure unacknowledged this long is surfaced again.
     pub max_unacknowledged_age: Duration,
+    /// Waiting deliveries per tenant past which publishing answers 429.
+    pub max_backlog: u64,
 }
+
+/// Waiting deliveries per tenant past which publishing is refused (DESIGN.md).
+pub const DEFAULT_MAX_BACKLOG: u64 = 1_000_000;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -335,6 +389,7 @@ impl Default for Settings {
             alert_threshold: crate::handlers::failures::DEFAULT_ALERT_THRESHOLD,
             unhealthy_after: crate::handlers::health::DEFAULT_UNHEALTHY_AFTER,
             max_unacknowledged_age: crate::handlers::age::MAX_UNACKNOWLEDGED_AGE,
+            max_backlog: DEFAULT_MAX_BACKLOG,
         }
     }
 }
@@ -350,6 +405,7 @@ pub struct Services {
     pub transport: Arc<dyn Transport>,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<dyn Metrics>,
+    pub backlog: Arc<dyn Backlog>,
     pub settings: Settings,
 }
 

@@ -143,6 +143,22 @@ struct ServeArgs {
     /// API requests per second per key (token bucket; the burst is twice this).
     #[arg(long, env = "ENTREGA_API_RATE_LIMIT", default_value_t = entrega_http::api::rate_limit::DEFAULT_RATE_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..))]
     api_rate_limit: u32,
+    /// Waiting deliveries per tenant past which `POST /v1/events` answers 429 with
+    /// `Retry-After` (backpressure before the disk fills), e.g. 100000.
+    #[arg(long, env = "ENTREGA_MAX_BACKLOG", default_value_t = entrega_core::ports::DEFAULT_MAX_BACKLOG, value_parser = clap::value_parser!(u64).range(1..))]
+    max_backlog: u64,
+    /// Largest the SQLite file may grow, in MiB; past it writes fail cleanly (the API
+    /// answers 503 with `Retry-After`, `/healthz` says degraded) before the disk fills.
+    /// Unset: the disk is the limit. Example: 2048.
+    #[arg(long, env = "ENTREGA_MAX_DB_SIZE_MB", value_parser = clap::value_parser!(u64).range(1..))]
+    max_db_size_mb: Option<u64>,
+    /// A bearer token that may read `/metrics` besides the admin key.
+    #[arg(long, env = "ENTREGA_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
+    /// API connections served at once; at the cap the longest-idle one is closed for a
+    /// new one. Example: 4096.
+    #[arg(long, env = "ENTREGA_MAX_CONNECTIONS", default_value_t = entrega_embedded::http_server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
     /// Log format.
     #[arg(long, env = "ENTREGA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -190,6 +206,7 @@ async fn run(command: Command) -> Result<(), BoxError> {
                     unhealthy_after: std::time::Duration::from_secs(
                         args.unhealthy_after_days * 86_400,
                     ),
+                    max_backlog: args.max_backlog,
                     ..Settings::default()
                 },
                 alert_webhook: args
@@ -201,6 +218,9 @@ async fn run(command: Command) -> Result<(), BoxError> {
                     .zip(args.smtp_from)
                     .map(|(url, from)| SmtpRelay { url, from }),
                 api_rate_limit: args.api_rate_limit,
+                max_db_size: args.max_db_size_mb.map(|mb| mb * 1024 * 1024),
+                metrics_token: args.metrics_token,
+                max_connections: args.max_connections as usize,
             })
             .await
         }

@@ -1,103 +1,153 @@
-//! The embedded runtime's metrics, served at `GET /metrics` in Prometheus text format:
-//! attempts, successes and failures by kind per tenant and endpoint, response time and
-//! publish-to-delivered latency (summed and counted, so rates and means come out of
-//! PromQL), failures per tenant, and the age of the oldest unacknowledged failure.
+//! The embedded runtime's metrics, served at `GET /metrics` (admin key or metrics
+//! token) in Prometheus text format, kept with the official `prometheus-client`
+//! crate: attempts by outcome per tenant and endpoint, histograms of response time and
+//! publish → delivered latency (so percentiles can be computed), failures per tenant,
+//! each tenant's waiting backlog, and the age of the oldest unacknowledged failure.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{AttemptMetric, Metrics};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 
-#[derive(Default)]
-struct Registry {
-    /// (tenant, endpoint, outcome) → attempts
-    attempts: BTreeMap<(String, String, String), u64>,
-    /// (tenant, endpoint) → (sum of response ms, count)
-    response_ms: BTreeMap<(String, String), (u64, u64)>,
-    /// (tenant, endpoint) → (sum of publish→delivered ms, count)
-    latency_ms: BTreeMap<(String, String), (u64, u64)>,
-    failures: BTreeMap<String, u64>,
-    oldest_unacknowledged_s: Option<u64>,
+/// Histogram buckets in seconds: 1 ms to about 33 s, doubling (the 30 s timeout fits).
+const BUCKET_START_S: f64 = 0.001;
+const BUCKET_FACTOR: f64 = 2.0;
+const BUCKETS: u16 = 16;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    tenant: String,
+    endpoint: String,
+    outcome: String,
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    tenant: String,
+    endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+fn histogram() -> Histogram {
+    Histogram::new(exponential_buckets(BUCKET_START_S, BUCKET_FACTOR, BUCKETS))
+}
+
 pub struct PrometheusMetrics {
-    registry: Mutex<Registry>,
+    registry: Registry,
+    attempts: Family<AttemptLabels, Counter>,
+    response: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    failures: Family<TenantLabels, Counter>,
+    backlog: Family<TenantLabels, Gauge<u64, AtomicU64>>,
+    oldest_unacknowledged: Gauge<u64, AtomicU64>,
+}
+
+impl Default for PrometheusMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("entrega");
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        let response: Family<EndpointLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(histogram);
+        let latency: Family<EndpointLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(histogram);
+        let failures = Family::<TenantLabels, Counter>::default();
+        let backlog = Family::<TenantLabels, Gauge<u64, AtomicU64>>::default();
+        let oldest_unacknowledged = Gauge::<u64, AtomicU64>::default();
+        registry.register("attempts", "Delivery attempts by outcome", attempts.clone());
+        registry.register(
+            "response_seconds",
+            "Receiver response time",
+            response.clone(),
+        );
+        registry.register(
+            "delivery_latency_seconds",
+            "Publish to delivered",
+            latency.clone(),
+        );
+        registry.register("failures", "Deliveries moved to failures", failures.clone());
+        registry.register(
+            "backlog",
+            "Deliveries and events waiting, per tenant",
+            backlog.clone(),
+        );
+        registry.register(
+            "oldest_unacknowledged_failure_age_seconds",
+            "Age of the oldest unacknowledged failure (0: none)",
+            oldest_unacknowledged.clone(),
+        );
+        Self {
+            registry,
+            attempts,
+            response,
+            latency,
+            failures,
+            backlog,
+            oldest_unacknowledged,
+        }
+    }
 }
 
 impl Metrics for PrometheusMetrics {
     fn attempt(&self, m: &AttemptMetric) {
-        let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (m.tenant_id.to_string(), m.endpoint_id.to_string());
+        let (tenant, endpoint) = (m.tenant_id.to_string(), m.endpoint_id.to_string());
         let outcome = m.failure.map_or("success", |k| k.as_str()).to_owned();
-        *r.attempts
-            .entry((key.0.clone(), key.1.clone(), outcome))
-            .or_default() += 1;
-        let rt = r.response_ms.entry(key.clone()).or_default();
-        *rt = (rt.0 + m.response_ms, rt.1 + 1);
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                tenant: tenant.clone(),
+                endpoint: endpoint.clone(),
+                outcome,
+            })
+            .inc();
+        let labels = EndpointLabels { tenant, endpoint };
+        self.response
+            .get_or_create(&labels)
+            .observe(m.response_ms as f64 / 1000.0);
         if let Some(latency) = m.delivery_latency_ms {
-            let l = r.latency_ms.entry(key).or_default();
-            *l = (l.0 + latency, l.1 + 1);
+            self.latency
+                .get_or_create(&labels)
+                .observe(latency as f64 / 1000.0);
         }
     }
 
     fn failure(&self, tenant: &TenantId) {
-        let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        *r.failures.entry(tenant.to_string()).or_default() += 1;
+        self.failures
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_string(),
+            })
+            .inc();
     }
 
     fn oldest_unacknowledged_failure(&self, age: Option<Duration>) {
-        let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        r.oldest_unacknowledged_s = age.map(|a| a.as_secs());
+        self.oldest_unacknowledged
+            .set(age.map_or(0, |a| a.as_secs()));
     }
 }
 
 impl PrometheusMetrics {
-    /// The exposition text.
-    pub fn render(&self) -> String {
-        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+    /// The exposition text, with the backlog gauges set from `backlog` first.
+    pub fn render(&self, backlog: &[(String, u64)]) -> String {
+        self.backlog.clear();
+        for (tenant, waiting) in backlog {
+            self.backlog
+                .get_or_create(&TenantLabels {
+                    tenant: tenant.clone(),
+                })
+                .set(*waiting);
+        }
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP entrega_attempts_total Delivery attempts by outcome.\n# TYPE entrega_attempts_total counter");
-        for ((t, e, o), n) in &r.attempts {
-            let _ = writeln!(
-                out,
-                "entrega_attempts_total{{tenant=\"{t}\",endpoint=\"{e}\",outcome=\"{o}\"}} {n}"
-            );
-        }
-        for (name, help, map) in [
-            (
-                "entrega_response_ms",
-                "Receiver response time.",
-                &r.response_ms,
-            ),
-            (
-                "entrega_delivery_latency_ms",
-                "Publish to delivered.",
-                &r.latency_ms,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
-            for ((t, e), (sum, count)) in map {
-                let _ = writeln!(out, "{name}_sum{{tenant=\"{t}\",endpoint=\"{e}\"}} {sum}");
-                let _ = writeln!(
-                    out,
-                    "{name}_count{{tenant=\"{t}\",endpoint=\"{e}\"}} {count}"
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP entrega_failures_total Deliveries moved to failures.\n# TYPE entrega_failures_total counter");
-        for (t, n) in &r.failures {
-            let _ = writeln!(out, "entrega_failures_total{{tenant=\"{t}\"}} {n}");
-        }
-        let _ = writeln!(out, "# HELP entrega_oldest_unacknowledged_failure_age_seconds Age of the oldest unacknowledged failure (0: none).\n# TYPE entrega_oldest_unacknowledged_failure_age_seconds gauge");
-        let _ = writeln!(
-            out,
-            "entrega_oldest_unacknowledged_failure_age_seconds {}",
-            r.oldest_unacknowledged_s.unwrap_or(0)
-        );
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }

@@ -1,18 +1,25 @@
 //! The in-process runtime: pollers that play the parts of Lambda's event source
 //! mappings — outbox → fan-out, delivery queue → worker, failures queue → failure
 //! handler — calling the same core handlers the Lambda functions call.
+//!
+//! Each loop wakes on work (a publish wakes the fan-out, a queued message wakes the
+//! worker) and polls only as the fallback. A failing backend is a *condition*: logged
+//! once, reported by `/healthz`, and retried with exponential backoff rather than in a
+//! tight loop that would flood the log and the disk.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use entrega_core::conditions::{Component, Conditions};
 use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::ports::{MessageQueue, ReceivedMessage, Services};
+use entrega_core::ports::{MessageQueue, ReceivedMessage, Services, StoreError};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::sqlite::queue::SqliteQueue;
 use crate::sqlite::SqliteStore;
 
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
@@ -21,7 +28,8 @@ pub const WORKER_SLOTS: usize = 64;
 /// How long a received delivery message stays hidden: longer than the longest
 /// attempt (30 s timeout + lease margin), so no second worker picks it up meanwhile.
 pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);
-/// Pause between polls when there was nothing to do.
+/// Longest wait between polls when nothing signalled work (delayed retries coming
+/// due, and a missed wake-up, are picked up this late at worst).
 pub const IDLE_POLL: Duration = Duration::from_millis(50);
 /// Outbox events fanned out per poll.
 const OUTBOX_BATCH: usize = 100;
@@ -29,6 +37,9 @@ const OUTBOX_BATCH: usize = 100;
 const FAILURE_BATCH: usize = 10;
 /// A message whose handler hit a backend error comes back after this.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+/// First and longest pause of a loop whose backend keeps failing.
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// How often the 24-hour rule is checked (the scheduled check of DESIGN.md).
 pub const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
@@ -37,6 +48,27 @@ pub const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 pub struct Runtime {
     pub services: Services,
     pub store: SqliteStore,
+    /// The delivery queue itself, for its wake-up signal.
+    pub delivery_queue: SqliteQueue,
+    pub conditions: Arc<Conditions>,
+}
+
+/// Exponential backoff for a loop whose backend fails.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Self(Duration::ZERO)
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::ZERO;
+    }
+
+    fn next(&mut self) -> Duration {
+        self.0 = (self.0 * 2).clamp(BACKOFF_START, BACKOFF_MAX);
+        self.0
+    }
 }
 
 impl Runtime {
@@ -52,61 +84,89 @@ impl Runtime {
         while tasks.join_next().await.is_some() {}
     }
 
+    fn failing(&self, component: Component, error: &StoreError) {
+        self.conditions
+            .failing(component, &error.to_string(), self.services.clock.now());
+    }
+
     async fn outbox_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Backoff::new();
         while !*shutdown.borrow() {
-            let worked = match self.store.outbox_waiting(OUTBOX_BATCH).await {
-                Ok(events) => {
-                    for event in &events {
-                        // Marked only after its deliveries are queued: a crash between
-                        // the two replays the fan-out, which is idempotent.
-                        let done = match fan_out(&self.services, event).await {
-                            Ok(_) => self.store.mark_fanned_out(&event.id).await,
-                            Err(e) => Err(e),
-                        };
-                        if let Err(e) = done {
-                            tracing::error!(event_id = %event.id, error = %e, "fan-out failed; will retry");
+            match self.fan_out_waiting().await {
+                Ok(worked) => {
+                    self.conditions.recovered(Component::Outbox);
+                    backoff.reset();
+                    if !worked {
+                        tokio::select! {
+                            _ = self.store.outbox_published() => {}
+                            _ = tokio::time::sleep(IDLE_POLL) => {}
+                            _ = shutdown.changed() => {}
                         }
                     }
-                    !events.is_empty()
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "reading the outbox failed");
-                    false
+                    self.failing(Component::Outbox, &e);
+                    pause(&mut shutdown, backoff.next()).await;
                 }
-            };
-            if !worked {
-                idle(&mut shutdown).await;
             }
         }
+    }
+
+    /// Fan out what waits in the outbox; `Ok(true)` if there was any.
+    async fn fan_out_waiting(&self) -> Result<bool, StoreError> {
+        let events = self.store.outbox_waiting(OUTBOX_BATCH).await?;
+        for event in &events {
+            // Marked only after its deliveries are queued: a crash between the two
+            // replays the fan-out, which is idempotent.
+            fan_out(&self.services, event).await?;
+            self.store.mark_fanned_out(event).await?;
+        }
+        Ok(!events.is_empty())
     }
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
         let mut in_flight = JoinSet::new();
+        let mut backoff = Backoff::new();
         while !*shutdown.borrow() {
             while in_flight.try_join_next().is_some() {}
             let free = slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = in_flight.join_next() => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            }
             let received = match self
                 .services
                 .deliveries
                 .receive(free, RECEIVE_VISIBILITY)
                 .await
             {
-                Ok(messages) => messages,
+                Ok(messages) => {
+                    backoff.reset();
+                    messages
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "receiving deliveries failed");
-                    Vec::new()
+                    self.failing(Component::Deliveries, &e);
+                    pause(&mut shutdown, backoff.next()).await;
+                    continue;
                 }
             };
             if received.is_empty() {
-                idle(&mut shutdown).await;
+                tokio::select! {
+                    _ = self.delivery_queue.work_arrived() => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = shutdown.changed() => {}
+                }
                 continue;
             }
             for message in received {
                 let permit = slots.clone().acquire_owned().await.expect("never closed");
-                let services = self.services.clone();
+                let (services, conditions) = (self.services.clone(), self.conditions.clone());
                 in_flight.spawn(async move {
-                    run_delivery(&services, message).await;
+                    run_delivery(&services, &conditions, message).await;
                     drop(permit);
                 });
             }
@@ -117,46 +177,67 @@ impl Runtime {
     }
 
     async fn failure_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Backoff::new();
         while !*shutdown.borrow() {
-            let received = self
+            let received = match self
                 .services
                 .failures
                 .receive(FAILURE_BATCH, RECEIVE_VISIBILITY)
                 .await
-                .unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "receiving failures failed");
-                    Vec::new()
-                });
+            {
+                Ok(received) => received,
+                Err(e) => {
+                    self.failing(Component::Failures, &e);
+                    pause(&mut shutdown, backoff.next()).await;
+                    continue;
+                }
+            };
             if received.is_empty() {
-                idle(&mut shutdown).await;
+                self.conditions.recovered(Component::Failures);
+                backoff.reset();
+                pause(&mut shutdown, IDLE_POLL).await;
                 continue;
             }
+            let mut failed = None;
             for message in received {
                 let queue = &self.services.failures;
                 let outcome = handle_failure(&self.services, &message.body).await;
+                if let Err(e) = &outcome {
+                    failed = Some(e.clone());
+                }
                 settle(queue.as_ref(), &message, outcome.map(|_| Disposition::Done)).await;
+            }
+            match failed {
+                Some(e) => {
+                    self.failing(Component::Failures, &e);
+                    pause(&mut shutdown, backoff.next()).await;
+                }
+                None => {
+                    self.conditions.recovered(Component::Failures);
+                    backoff.reset();
+                }
             }
         }
     }
-}
 
-impl Runtime {
     /// The 24-hour rule, checked on a timer so it fires without new failures.
     async fn age_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         while !*shutdown.borrow() {
-            if let Err(e) = check_unacknowledged(&self.services).await {
-                tracing::error!(error = %e, "checking unacknowledged failures failed");
+            match check_unacknowledged(&self.services).await {
+                Ok(_) => self.conditions.recovered(Component::AgeCheck),
+                Err(e) => self.failing(Component::AgeCheck, &e),
             }
-            tokio::select! {
-                _ = tokio::time::sleep(AGE_CHECK_INTERVAL) => {}
-                _ = shutdown.changed() => {}
-            }
+            pause(&mut shutdown, AGE_CHECK_INTERVAL).await;
         }
     }
 }
 
-async fn run_delivery(services: &Services, message: ReceivedMessage) {
+async fn run_delivery(services: &Services, conditions: &Conditions, message: ReceivedMessage) {
     let outcome = handle_delivery(services, &message.body).await;
+    match &outcome {
+        Ok(_) => conditions.recovered(Component::Deliveries),
+        Err(e) => conditions.failing(Component::Deliveries, &e.to_string(), services.clock.now()),
+    }
     settle(services.deliveries.as_ref(), &message, outcome).await;
 }
 
@@ -170,7 +251,7 @@ async fn settle(
         Ok(Disposition::Done) => queue.delete(&message.receipt).await,
         Ok(Disposition::RetryIn(delay)) => queue.change_visibility(&message.receipt, delay).await,
         Err(e) => {
-            tracing::error!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
+            tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
             queue
                 .change_visibility(&message.receipt, ERROR_BACKOFF)
                 .await
@@ -178,13 +259,13 @@ async fn settle(
     };
     if let Err(e) = result {
         // The message stays and reappears after its visibility timeout: nothing lost.
-        tracing::error!(error = %e, "settling a message failed");
+        tracing::debug!(error = %e, "settling a message failed");
     }
 }
 
-async fn idle(shutdown: &mut watch::Receiver<bool>) {
+async fn pause(shutdown: &mut watch::Receiver<bool>, pause: Duration) {
     tokio::select! {
-        _ = tokio::time::sleep(IDLE_POLL) => {}
+        _ = tokio::time::sleep(pause) => {}
         _ = shutdown.changed() => {}
     }
 }

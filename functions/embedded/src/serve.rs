@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use entrega_aws::emulation::Emulation;
 use entrega_aws::resources::{aws_services, sdk_config, AwsResources};
+use entrega_core::conditions::Conditions;
 use entrega_core::ports::{
     Clock, NoMetrics, Notifier, Services, Settings, SystemClock, TenantStore,
 };
@@ -23,6 +24,7 @@ use tokio::sync::watch;
 use crate::metrics::PrometheusMetrics;
 use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
 use crate::runtime::Runtime;
+use crate::sqlite::backlog::EmbeddedBacklog;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{SqliteDb, SqliteStore};
 
@@ -54,6 +56,12 @@ pub struct ServeConfig {
     pub smtp: Option<SmtpRelay>,
     /// API requests per second per key (burst: twice as many).
     pub api_rate_limit: u32,
+    /// Largest the SQLite file may grow (bytes); `None`: the disk is the limit.
+    pub max_db_size: Option<u64>,
+    /// A bearer token that may read `/metrics` besides the admin key.
+    pub metrics_token: Option<String>,
+    /// Connections the API serves at once.
+    pub max_connections: usize,
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -63,26 +71,47 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let transport = Arc::new(HttpTransport::new(config.targets.clone()));
     let metrics = Arc::new(PrometheusMetrics::default());
+    let conditions = Arc::new(Conditions::default());
     let notifier: Arc<dyn Notifier> = Arc::new(EmbeddedNotifier::new(
         config.alert_webhook.clone(),
         config.smtp.clone(),
     )?);
+    crate::http_server::raise_file_limit();
     match &config.backend {
         Backend::Sqlite { db } => {
             let lock = lock_database(db)?;
-            let (mut services, store) = open_sqlite(db, clock, transport).await?;
+            let (mut services, store, delivery_queue) =
+                open_sqlite_parts(db, clock, transport).await?;
+            if let Some(bytes) = config.max_db_size {
+                store.db().limit_size(bytes).await?;
+            }
             services.notifier = notifier;
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
-            register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
+            let backlog = EmbeddedBacklog {
+                store: store.clone(),
+                deliveries: delivery_queue.clone(),
+            };
             let runtime = Runtime {
                 services: services.clone(),
                 store,
+                delivery_queue,
+                conditions: conditions.clone(),
             };
+            let probe = Probes {
+                metrics,
+                conditions,
+                backlog: Some(backlog),
+            };
+            let listener = bind(&config).await?;
+            // The admin key is minted only once the port is ours: a failed start must
+            // not print a key and lose it.
+            register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
             run(
                 &config,
+                listener,
                 services,
-                metrics,
+                probe,
                 format!("database {}", db.display()),
                 |stop| runtime.run(stop),
             )
@@ -96,16 +125,23 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             let mut services = aws_services(&sdk, &resources, transport, clock);
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
+            let listener = bind(&config).await?;
             register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
             let emulation = Emulation {
                 services: services.clone(),
                 resources,
                 sdk,
             };
+            let probe = Probes {
+                metrics,
+                conditions,
+                backlog: None,
+            };
             run(
                 &config,
+                listener,
                 services,
-                metrics,
+                probe,
                 format!("aws, prefix {prefix}"),
                 |stop| emulation.run(stop),
             )
@@ -114,20 +150,56 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     }
 }
 
+/// Bind the API's address, naming it and the flag in the error.
+async fn bind(config: &ServeConfig) -> Result<tokio::net::TcpListener, BoxError> {
+    tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot listen on {}: {e}; choose another address with --listen (or ENTREGA_LISTEN)",
+                config.listen
+            )
+            .into()
+        })
+}
+
+/// What the process reports about itself: metrics, conditions, backlog.
+struct Probes {
+    metrics: Arc<PrometheusMetrics>,
+    conditions: Arc<Conditions>,
+    backlog: Option<EmbeddedBacklog>,
+}
+
 /// One process per database: the lock is what makes releasing the previous process's
-/// leases at start-up safe. The OS drops it when the process dies, even by `kill -9`.
-fn lock_database(db: &std::path::Path) -> Result<File, BoxError> {
-    let lock_path = PathBuf::from(format!("{}.lock", db.display()));
-    let lock = File::create(&lock_path)?;
-    if lock.try_lock().is_err() {
-        return Err(format!(
-            "another entrega process is using {} (lock {})",
-            db.display(),
-            lock_path.display()
+/// leases at start-up safe. It is taken on the database file itself (an OS lock on
+/// its inode), not on a name: a second server reaching the same file through a
+/// symlink or a hard link finds it taken. The OS drops it when the process dies, even
+/// by `kill -9`. (`flock` locks are apart from the POSIX locks SQLite takes.)
+pub fn lock_database(db: &std::path::Path) -> Result<File, BoxError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(db)
+        .map_err(|e| {
+            format!(
+                "cannot open the database {}: {e}; choose a writable location with --db",
+                db.display()
+            )
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another entrega process is using the database {} (possibly through a link \
+             to the same file); stop it, or give this one its own --db",
+            db.display()
         )
-        .into());
+        .into()),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock the database {}: {e}", db.display()).into())
+        }
     }
-    Ok(lock)
 }
 
 /// The SQLite adapters, with the previous process's unfinished work released.
@@ -136,39 +208,52 @@ pub async fn open_sqlite(
     clock: Arc<dyn Clock>,
     transport: Arc<HttpTransport>,
 ) -> Result<(Services, SqliteStore), BoxError> {
-    let db = SqliteDb::open(db)?;
+    let (services, store, _) = open_sqlite_parts(db, clock, transport).await?;
+    Ok((services, store))
+}
+
+/// [`open_sqlite`], also handing back the delivery queue (for the backlog gauge).
+pub async fn open_sqlite_parts(
+    db: &std::path::Path,
+    clock: Arc<dyn Clock>,
+    transport: Arc<HttpTransport>,
+) -> Result<(Services, SqliteStore, SqliteQueue), BoxError> {
+    let db = SqliteDb::open(db)
+        .map_err(|e| format!("cannot open the database {}: {e}", db.display()))?;
     let store = SqliteStore::new(db.clone(), clock.clone());
-    let deliveries = SqliteQueue::new(db.clone(), DELIVERY_QUEUE, clock.clone());
-    let failures = SqliteQueue::new(db, FAILURE_QUEUE, clock.clone());
+    let deliveries = SqliteQueue::open(db.clone(), DELIVERY_QUEUE, clock.clone()).await?;
+    let failures = SqliteQueue::open(db, FAILURE_QUEUE, clock.clone()).await?;
+    store.load_outbox_pending().await?;
     let leases = store.release_dead_leases().await?;
-    let released = deliveries.release_in_flight().await? + failures.release_in_flight().await?;
-    if leases + released > 0 {
-        tracing::info!(
-            leases,
-            released,
-            "resumed work left by the previous process"
-        );
+    if leases > 0 {
+        tracing::info!(leases, "resumed work left by the previous process");
     }
+    let backlog = EmbeddedBacklog {
+        store: store.clone(),
+        deliveries: deliveries.clone(),
+    };
     let services = Services {
         store: Arc::new(store.clone()),
         deliveries: Arc::new(deliveries.clone()),
         failures: Arc::new(failures),
-        scheduler: Arc::new(deliveries),
+        scheduler: Arc::new(deliveries.clone()),
         notifier: Arc::new(EmbeddedNotifier::new(None, None).expect("no SMTP to configure")),
         transport,
         clock,
         metrics: Arc::new(NoMetrics),
+        backlog: Arc::new(backlog),
         settings: Settings::default(),
     };
-    Ok((services, store))
+    Ok((services, store, deliveries))
 }
 
 /// Serve the API and run the workers until a signal, then stop both: the API stops
 /// taking requests and the workers finish their in-flight attempts.
 async fn run<W, Fut>(
     config: &ServeConfig,
+    listener: tokio::net::TcpListener,
     services: Services,
-    metrics: Arc<PrometheusMetrics>,
+    probes: Probes,
     data: String,
     workers: W,
 ) -> Result<(), BoxError>
@@ -176,41 +261,109 @@ where
     W: FnOnce(watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    // Metrics are this process's own, so they are served beside the shared API.
-    let metrics_route = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = metrics.clone();
-            async move { metrics.render() }
-        }),
-    );
-    let app = router(AppState {
+    let waiting: Option<Arc<dyn Fn() -> u64 + Send + Sync>> = probes.backlog.clone().map(|b| {
+        Arc::new(move || b.snapshot().iter().map(|(_, n)| n).sum::<u64>())
+            as Arc<dyn Fn() -> u64 + Send + Sync>
+    });
+    let state = AppState {
         services,
         targets: Arc::new(config.targets.clone()),
         limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
-    })
-    .merge(metrics_route);
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        conditions: probes.conditions.clone(),
+        waiting,
+    };
+    // Metrics are this process's own, so they are served beside the shared API.
+    let metrics = MetricsRoute {
+        metrics: probes.metrics.clone(),
+        backlog: probes.backlog.clone(),
+        token: config.metrics_token.clone(),
+    };
+    let metrics_route = axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics_handler))
+        .with_state((state.clone(), Arc::new(metrics)));
+    let app = router(state).merge(metrics_route);
     let addr = listener.local_addr()?;
     println!("entrega listening on http://{addr} ({data})");
     tracing::info!(%addr, %data, "started");
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = tokio::spawn(workers(stop_rx.clone()));
-    let mut api_stop = stop_rx;
-    let api = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = api_stop.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let api = tokio::spawn(crate::http_server::serve(
+        listener,
+        app,
+        config.max_connections,
+        stop_rx,
+    ));
     wait_for_signal().await;
     tracing::info!("stopping: finishing in-flight attempts");
     let _ = stop_tx.send(true);
-    api.await??;
+    api.await?;
     workers.await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+struct MetricsRoute {
+    metrics: Arc<PrometheusMetrics>,
+    backlog: Option<EmbeddedBacklog>,
+    token: Option<String>,
+}
+
+/// `GET /metrics`: the admin key or the metrics token, as a bearer token. The
+/// exposition names every tenant and endpoint, so it is not public.
+async fn metrics_handler(
+    axum::extract::State((state, route)): axum::extract::State<(AppState, Arc<MetricsRoute>)>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let allowed = match bearer {
+        None => false,
+        Some(token)
+            if route
+                .token
+                .as_deref()
+                .is_some_and(|t| constant_eq(t, token)) =>
+        {
+            true
+        }
+        Some(key) => matches!(
+            state
+                .services
+                .store
+                .principal_for_key(&hash_api_key(key))
+                .await,
+            Ok(Some(Principal::Admin))
+        ),
+    };
+    if !allowed {
+        return entrega_http::api::problem::ApiError::unauthorized().into_response();
+    }
+    let backlog = route
+        .backlog
+        .as_ref()
+        .map(EmbeddedBacklog::snapshot)
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        route.metrics.render(&backlog),
+    )
+        .into_response()
+}
+
+/// Compare secrets in time independent of where they differ.
+fn constant_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 /// The admin key from the environment, or on first start a generated one, printed

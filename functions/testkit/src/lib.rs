@@ -182,9 +182,6 @@ pub struct Moto {
     pub endpoint: String,
 }
 
-/// How long a started moto must stay up to be taken as ours (one that lost the race
-/// for its port exits at once, while the port answers — for someone else's server).
-const MOTO_SETTLE: Duration = Duration::from_millis(300);
 /// Ports tried before giving up.
 const MOTO_PORT_TRIES: usize = 5;
 
@@ -198,6 +195,25 @@ impl Moto {
         panic!("moto did not start; is moto[server] installed? scripts/test installs it");
     }
 
+    /// The Python that runs moto: `ENTREGA_PYTHON` if set (scripts/test sets it), else
+    /// the workspace's virtual environment `.venv/bin/python` if there is one (made by
+    /// scripts/python-tools), else `python3` from the PATH.
+    fn python() -> PathBuf {
+        if let Some(python) = std::env::var_os("ENTREGA_PYTHON").filter(|p| !p.is_empty()) {
+            return python.into();
+        }
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .nth(2)
+            .expect("functions/testkit lies two levels under the workspace root");
+        let venv = workspace.join(".venv/bin/python");
+        if venv.exists() {
+            venv
+        } else {
+            "python3".into()
+        }
+    }
+
     /// Start on a free port; `None` if the port was taken meanwhile.
     fn try_start() -> Option<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -205,7 +221,8 @@ impl Moto {
             .local_addr()
             .ok()?
             .port();
-        let child = Command::new("python3")
+        let python = Self::python();
+        let child = Command::new(&python)
             .args([
                 "-m",
                 "moto.server",
@@ -215,25 +232,52 @@ impl Moto {
                 &port.to_string(),
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
-            .expect("python3 runs (scripts/test installs moto[server])");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} does not run ({e}); scripts/python-tools makes .venv with moto[server], \
+                     or set ENTREGA_PYTHON to a Python that has it",
+                    python.display()
+                )
+            });
         let mut moto = Self {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
         };
+        // The port accepting connections proves nothing: another test's server may
+        // have taken it between our probe and moto's bind, and this moto then exits
+        // after a slow start while the test talks to the other one. Only moto's own
+        // "Running on …:PORT" line (printed once *it* is bound) says the port is ours.
+        let stderr = moto.child.stderr.take().expect("stderr is piped");
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let banner = format!("127.0.0.1:{port}");
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut bound = Some(bound_tx);
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("Running on") && line.contains(&banner) {
+                    if let Some(tx) = bound.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                // Keep draining, so a chatty server never blocks on a full pipe.
+            }
+        });
+        match bound_rx.recv_timeout(MOTO_START_LIMIT) {
+            Ok(()) => {}
+            Err(_) => return None,
+        }
+        // Bound by this process; wait until it serves.
         let started = Instant::now();
-        loop {
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(_)) = moto.child.try_wait() {
                 return None;
             }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
             assert!(started.elapsed() < MOTO_START_LIMIT, "moto did not start");
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(MOTO_SETTLE);
         match moto.child.try_wait() {
             Ok(None) => Some(moto),
             _ => None,

@@ -9,13 +9,18 @@ use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
 use entrega_core::event::format_timestamp;
-use entrega_core::ids::{DeliveryId, EndpointId, EventId};
+use entrega_core::ids::{DeliveryId, EndpointId, EventId, TenantId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreResult};
 
 use super::*;
 
 fn delivery_pk(id: &DeliveryId) -> String {
     format!("DLV#{id}")
+}
+
+/// The deliveries of one event: event ids are scoped to their tenant.
+fn event_partition(tenant: &TenantId, event: &EventId) -> String {
+    format!("EV#{tenant}#{event}")
 }
 
 /// The day partition a delivery id falls in (from the time inside the id).
@@ -46,7 +51,10 @@ impl DynamoStore {
             ("gsi2sk".to_owned(), s(id)),
             ("gsi3pk".to_owned(), s(day_of(d.id.timestamp_ms()))),
             ("gsi3sk".to_owned(), s(id)),
-            ("gsi4pk".to_owned(), s(format!("EV#{}", d.event_id))),
+            (
+                "gsi4pk".to_owned(),
+                s(event_partition(&d.tenant_id, &d.event_id)),
+            ),
             ("gsi4sk".to_owned(), s(id)),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
@@ -88,7 +96,10 @@ fn matches(item: &Item, q: &DeliveryQuery) -> bool {
 
 #[async_trait]
 impl DeliveryStore for DynamoStore {
-    async fn create_delivery_if_absent(&self, delivery: &Delivery) -> StoreResult<Delivery> {
+    async fn create_delivery_if_absent(
+        &self,
+        delivery: &Delivery,
+    ) -> StoreResult<(Delivery, bool)> {
         let result = self
             .client
             .put_item()
@@ -98,10 +109,11 @@ impl DeliveryStore for DynamoStore {
             .send()
             .await;
         match result {
-            Ok(_) => Ok(delivery.clone()),
+            Ok(_) => Ok((delivery.clone(), true)),
             Err(e) if is_condition_failure(&e) => self
                 .get_delivery(&delivery.id)
                 .await?
+                .map(|stored| (stored, false))
                 .ok_or_else(|| StoreError::Conflict(format!("delivery {} vanished", delivery.id))),
             Err(e) => Err(backend(e)),
         }
@@ -152,6 +164,19 @@ impl DeliveryStore for DynamoStore {
             }
         })?;
         Ok(next)
+    }
+
+    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
+        for a in attempts {
+            self.client
+                .put_item()
+                .table_name(&self.main_table)
+                .set_item(Some(self.attempt_item(a)))
+                .send()
+                .await
+                .map_err(backend)?;
+        }
+        Ok(())
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
@@ -234,9 +259,13 @@ impl DeliveryStore for DynamoStore {
         Ok(Page::from_rows(data, q.limit, |d| d.id.to_string(), resume))
     }
 
-    async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>> {
+    async fn deliveries_of_event(
+        &self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>> {
         let items = self
-            .query_partition(Some("gsi4"), "gsi4pk", format!("EV#{id}"), None)
+            .query_partition(Some("gsi4"), "gsi4pk", event_partition(tenant, id), None)
             .await?;
         items.iter().map(from_json).collect()
     }

@@ -2,11 +2,11 @@
 
 use async_trait::async_trait;
 use entrega_core::event::Event;
-use entrega_core::ids::EventId;
+use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::{EventStore, Published, StoreResult};
 
 use super::*;
-use crate::outbox::{event_from_item, outbox_item};
+use crate::outbox::{event_from_item, outbox_item, outbox_key};
 
 #[async_trait]
 impl EventStore for DynamoStore {
@@ -25,24 +25,41 @@ impl EventStore for DynamoStore {
         match result {
             Ok(_) => Ok(Published::Created),
             Err(e) if is_condition_failure(&e) => {
-                let existing = self.get_event(&event.id).await?.ok_or_else(|| {
-                    entrega_core::ports::StoreError::Conflict(format!(
-                        "event {} vanished",
-                        event.id
-                    ))
-                })?;
+                let existing = self
+                    .get_event(&event.tenant_id, &event.id)
+                    .await?
+                    .ok_or_else(|| {
+                        entrega_core::ports::StoreError::Conflict(format!(
+                            "event {} vanished",
+                            event.id
+                        ))
+                    })?;
                 Ok(Published::Existing(existing))
             }
             Err(e) => Err(backend(e)),
         }
     }
 
-    async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>> {
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
+        if let Some(event) = self.outbox_get(outbox_key(tenant, id)).await? {
+            return Ok(Some(event));
+        }
+        // A producer may have written the bare id: it is this tenant's only if the
+        // item says so.
+        Ok(self
+            .outbox_get(id.to_string())
+            .await?
+            .filter(|e| &e.tenant_id == tenant))
+    }
+}
+
+impl DynamoStore {
+    async fn outbox_get(&self, pk: String) -> StoreResult<Option<Event>> {
         let out = self
             .client
             .get_item()
             .table_name(&self.outbox_table)
-            .key(PK, s(id.as_str()))
+            .key(PK, s(pk))
             .consistent_read(true)
             .send()
             .await

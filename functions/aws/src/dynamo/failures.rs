@@ -128,7 +128,10 @@ impl FailureStore for DynamoStore {
 impl DynamoStore {
     /// Attach the payload, which lives once, in the event's outbox item.
     async fn with_payload(&self, mut failure: Failure) -> StoreResult<Failure> {
-        if let Some(event) = self.get_event(&failure.event_id).await? {
+        if let Some(event) = self
+            .get_event(&failure.tenant_id, &failure.event_id)
+            .await?
+        {
             failure.payload = event.payload;
         }
         Ok(failure)
@@ -187,6 +190,17 @@ impl CounterStore for DynamoStore {
             Err(e) if is_condition_failure(&e) => self.recall(remembered).await,
             Err(e) => Err(backend(e)),
         }
+    }
+
+    async fn forget(&self, remembered: &str) -> StoreResult<()> {
+        self.client
+            .delete_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(format!("REMEMBER#{remembered}"))))
+            .send()
+            .await
+            .map_err(backend)?;
+        Ok(())
     }
 
     async fn recall(&self, remembered: &str) -> StoreResult<Option<String>> {

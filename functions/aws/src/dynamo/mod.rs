@@ -8,6 +8,7 @@
 //! Records are stored whole as JSON (the domain types' serde form) beside the key and
 //! filter attributes, so the embedded and AWS stores cannot drift in what they keep.
 
+mod backlog;
 mod deliveries;
 mod endpoints;
 mod events;

@@ -147,6 +147,8 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
         services: stack.services.clone(),
         targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
         limiter: None,
+        conditions: Default::default(),
+        waiting: None,
     });
     let admin_key = entrega_core::tenant::generate_api_key();
     stack

@@ -42,7 +42,7 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
         return Ok(());
     };
     let event = store
-        .get_event(&delivery.event_id)
+        .get_event(&delivery.tenant_id, &delivery.event_id)
         .await?
         .ok_or_else(|| StoreError::Backend(format!("event {} is missing", delivery.event_id)))?;
     let attempt_times = store

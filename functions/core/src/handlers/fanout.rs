@@ -25,6 +25,7 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
         let endpoints = services.store.tenant_endpoints(&event.tenant_id).await?;
         let mut messages = Vec::new();
         let mut count = 0;
+        let mut waiting = 0;
         for endpoint in endpoints
             .iter()
             .filter(|e| e.subscribes_to(&event.event_type))
@@ -32,8 +33,11 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
             let id =
                 DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
             let fresh = Delivery::new(id, event, endpoint.id.clone(), endpoint.disabled, now);
-            let stored = services.store.create_delivery_if_absent(&fresh).await?;
+            let (stored, created) = services.store.create_delivery_if_absent(&fresh).await?;
             count += 1;
+            if created && stored.state == DeliveryState::Pending {
+                waiting += 1;
+            }
             // Only a never-attempted delivery needs its first message; anything further
             // along already has one (or is paused until its endpoint is re-enabled).
             if stored.state == DeliveryState::Pending && stored.attempt_count == 0 {
@@ -44,6 +48,9 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
         }
         if !messages.is_empty() {
             services.deliveries.send(messages).await?;
+        }
+        if waiting > 0 {
+            services.backlog.record(&event.tenant_id, waiting).await?;
         }
         tracing::debug!(deliveries = count, "fanned out");
         Ok(count)

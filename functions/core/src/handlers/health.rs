@@ -1,14 +1,21 @@
 //! Endpoint health: an endpoint that answers `410 Gone`, or has failed every attempt
 //! for [`DEFAULT_UNHEALTHY_AFTER`], is disabled — its deliveries are kept (paused), the
-//! owner is told, and opted-in endpoints get `entrega.endpoint.disabled`. The first
-//! success after a failing stretch sends `entrega.endpoint.recovered`.
+//! owner is told, and opted-in endpoints get `entrega.endpoint.disabled`. The end of a
+//! real outage (see [`crate::endpoint_health`] for the hysteresis) sends
+//! `entrega.endpoint.recovered`.
+//!
+//! The health record is written under its own version and the configuration under
+//! another, so this bookkeeping can never undo a change a client made: disabling is a
+//! configuration change, made conditionally on the version just read and retried on a
+//! conflict with the client's change applied.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::endpoint::Endpoint;
-use crate::ports::{Notice, Services, StoreResult};
+use crate::endpoint_health::{self, HealthEvent};
+use crate::ports::{Notice, Services, StoreError, StoreResult};
 
 use super::notices::{notify_once, owner_of, publish_operational};
 
@@ -16,40 +23,57 @@ use super::notices::{notify_once, owner_of, publish_operational};
 pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(5 * 24 * 3600);
 /// A disable notice is sent once per endpoint per day at most.
 const NOTICE_CLAIM_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Conditional writes lost to concurrent changes before the bookkeeping gives up (it
+/// is redone by the next attempt's outcome anyway).
+const WRITE_TRIES: usize = 5;
 
-/// Record the outcome of an attempt at `endpoint`: success clears the failing stretch,
-/// a failure starts or extends it, and a stretch past the limit disables it.
+/// Record the outcome of an attempt at `endpoint`.
 pub async fn observe(
     services: &Services,
     endpoint: &Endpoint,
     succeeded: bool,
     now: DateTime<Utc>,
 ) -> StoreResult<()> {
-    match (succeeded, endpoint.failing_since) {
-        (true, Some(since)) => {
-            update(services, endpoint, |e| e.failing_since = None).await?;
-            let id = format!("entrega-recovered-{}-{}", endpoint.id, now.timestamp());
-            let data = serde_json::json!({ "endpoint_id": endpoint.id, "failing_since": since });
-            publish_operational(
-                services,
-                &endpoint.tenant_id,
-                "entrega.endpoint.recovered",
-                &id,
-                data,
-            )
+    let mut health = endpoint.health.clone();
+    let mut events = Vec::new();
+    for _ in 0..WRITE_TRIES {
+        let (next, happened) =
+            endpoint_health::observe(&health, succeeded, now, services.settings.unhealthy_after);
+        events = happened;
+        let Some(next) = next else { break };
+        match services
+            .store
+            .update_endpoint_health(&endpoint.id, &next)
             .await
+        {
+            Ok(_) => break,
+            Err(StoreError::Conflict(_)) => {
+                // Another worker recorded an outcome meanwhile: apply ours to theirs.
+                match services.store.get_endpoint(&endpoint.id).await? {
+                    Some(current) => health = current.health,
+                    None => return Ok(()),
+                }
+                events.clear();
+            }
+            Err(e) => return Err(e),
         }
-        (false, None) => {
-            update(services, endpoint, |e| {
-                e.failing_since = e.failing_since.or(Some(now))
-            })
-            .await
-        }
-        (false, Some(since)) => {
-            let limit = chrono::Duration::from_std(services.settings.unhealthy_after)
-                .unwrap_or(chrono::Duration::MAX);
-            if now - since > limit {
-                let days = services.settings.unhealthy_after.as_secs() / 86_400;
+    }
+    for event in events {
+        match event {
+            HealthEvent::Recovered { since } => {
+                let id = format!("entrega-recovered-{}-{}", endpoint.id, now.timestamp());
+                let data =
+                    serde_json::json!({ "endpoint_id": endpoint.id, "failing_since": since });
+                publish_operational(
+                    services,
+                    &endpoint.tenant_id,
+                    "entrega.endpoint.recovered",
+                    &id,
+                    data,
+                )
+                .await?;
+            }
+            HealthEvent::FailingTooLong { days } => {
                 disable(
                     services,
                     endpoint,
@@ -58,10 +82,9 @@ pub async fn observe(
                 )
                 .await?;
             }
-            Ok(())
         }
-        (true, None) => Ok(()),
     }
+    Ok(())
 }
 
 /// Disable `endpoint` for `reason`, tell its owner and opted-in endpoints.
@@ -71,14 +94,9 @@ pub async fn disable(
     reason: &str,
     now: DateTime<Utc>,
 ) -> StoreResult<()> {
-    let mut newly = false;
-    update(services, endpoint, |e| {
-        newly = !e.disabled;
-        e.disabled = true;
-        e.disabled_reason = Some(reason.to_owned());
-        e.updated_at = now;
-    })
-    .await?;
+    let Some(newly) = set_disabled(services, endpoint, reason, now).await? else {
+        return Ok(());
+    };
     if !newly {
         return Ok(());
     }
@@ -117,19 +135,32 @@ pub async fn disable(
     .await
 }
 
-/// Change the endpoint as stored now (not the worker's snapshot, which a human may have
-/// changed meanwhile); a deleted endpoint is left deleted.
-async fn update(
+/// Mark the endpoint as stored now disabled, conditionally on the version read.
+/// `Some(true)`: this call disabled it; `Some(false)`: it already was; `None`: gone.
+async fn set_disabled(
     services: &Services,
     endpoint: &Endpoint,
-    change: impl FnOnce(&mut Endpoint),
-) -> StoreResult<()> {
-    let Some(mut current) = services.store.get_endpoint(&endpoint.id).await? else {
-        return Ok(());
-    };
-    change(&mut current);
-    match services.store.update_endpoint(&current).await {
-        Ok(()) | Err(crate::ports::StoreError::Conflict(_)) => Ok(()),
-        Err(e) => Err(e),
+    reason: &str,
+    now: DateTime<Utc>,
+) -> StoreResult<Option<bool>> {
+    for _ in 0..WRITE_TRIES {
+        let Some(mut current) = services.store.get_endpoint(&endpoint.id).await? else {
+            return Ok(None);
+        };
+        if current.disabled {
+            return Ok(Some(false));
+        }
+        current.disabled = true;
+        current.disabled_reason = Some(reason.to_owned());
+        current.updated_at = now;
+        match services.store.update_endpoint(&current).await {
+            Ok(_) => return Ok(Some(true)),
+            Err(StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
     }
+    Err(StoreError::Conflict(format!(
+        "endpoint {} kept changing while being disabled",
+        endpoint.id
+    )))
 }

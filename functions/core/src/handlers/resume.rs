@@ -44,6 +44,12 @@ pub async fn resume_paused(services: &Services, endpoint: &Endpoint) -> StoreRes
             }
         }
         resumed += moved;
+        if moved > 0 {
+            services
+                .backlog
+                .record(&endpoint.tenant_id, moved as i64)
+                .await?;
+        }
         if moved == 0 {
             // Every row changed under us (the endpoint was disabled again): stop rather
             // than spin; the worker owns those deliveries now.

@@ -14,6 +14,7 @@ use crate::retry::{RetryPolicy, RetrySpec};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
 use super::health;
+use super::resend::is_waiting;
 use super::task::DeliveryTask;
 use super::until;
 use super::webhook::signed_request;
@@ -74,7 +75,13 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
-            save_or_backoff(services, &state_machine::pause(&delivery, now), &[]).await?;
+            save_or_backoff(
+                services,
+                &delivery,
+                &state_machine::pause(&delivery, now),
+                &[],
+            )
+            .await?;
         }
         return Ok(Disposition::Done);
     }
@@ -108,6 +115,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         }
     };
     let (attempts, sends) = split_actions(&step);
+    let read_state = delivery.state;
     // Persisted *before* sending: this write is the at-most-once guarantee.
     let delivery = match store.save_delivery(&step.delivery, &attempts).await {
         Ok(saved) => saved,
@@ -115,14 +123,18 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         Err(e) => return Err(e),
     };
     if !sends {
-        return carry_out(services, task, &endpoint, &delivery, &[]).await;
+        left_waiting(services, read_state, &delivery).await?;
+        return carry_out(services, task, &endpoint, &delivery, &step.actions).await;
     }
-    let event = store.get_event(&delivery.event_id).await?.ok_or_else(|| {
-        StoreError::Backend(format!(
-            "event {} of a delivery is missing",
-            delivery.event_id
-        ))
-    })?;
+    let event = store
+        .get_event(&delivery.tenant_id, &delivery.event_id)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Backend(format!(
+                "event {} of a delivery is missing",
+                delivery.event_id
+            ))
+        })?;
     let request = signed_request(&endpoint, &event, services.clock.now());
     let started_at = services.clock.now();
     let started = Instant::now();
@@ -155,11 +167,23 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     let (attempts, _) = split_actions(&step);
     let saved = match store.save_delivery(&step.delivery, &attempts).await {
         Ok(saved) => saved,
-        // Only a resend changes a delivery under a running attempt; it queued its own
-        // message, so this one has nothing left to do.
-        Err(StoreError::Conflict(_)) => return Ok(Disposition::Done),
+        Err(StoreError::Conflict(_)) => {
+            // Only a resend changes a delivery under a running attempt. The attempt
+            // still happened, so its record is kept (under its own generation); the
+            // resend queued its own message, so this one has nothing left to do.
+            store.append_attempts(&attempts).await?;
+            health::observe(
+                services,
+                &endpoint,
+                report.result.failure_kind().is_none(),
+                now,
+            )
+            .await?;
+            return Ok(Disposition::Done);
+        }
         Err(e) => return Err(e),
     };
+    left_waiting(services, delivery.state, &saved).await?;
     if gone {
         // The receiver says the URL is gone for good: stop sending to it, keep what is
         // waiting (paused), and let a human decide.
@@ -316,20 +340,36 @@ async fn endpoint_gone(services: &Services, delivery: &Delivery) -> StoreResult<
         next.last_error = Some("the endpoint was deleted".into());
         next.next_attempt_at = None;
         next.updated_at = services.clock.now();
-        save_or_backoff(services, &next, &[]).await?;
+        save_or_backoff(services, delivery, &next, &[]).await?;
     }
     Ok(Disposition::Done)
 }
 
+/// Save `next` (read as `before`); a concurrent change wins and is left alone.
 async fn save_or_backoff(
     services: &Services,
-    delivery: &Delivery,
+    before: &Delivery,
+    next: &Delivery,
     attempts: &[crate::delivery::Attempt],
 ) -> StoreResult<()> {
-    match services.store.save_delivery(delivery, attempts).await {
-        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+    match services.store.save_delivery(next, attempts).await {
+        Ok(saved) => left_waiting(services, before.state, &saved).await,
+        Err(StoreError::Conflict(_)) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// A saved transition out of the waiting set (delivered, failed, exhausted, paused)
+/// takes one off the tenant's backlog.
+async fn left_waiting(
+    services: &Services,
+    before: DeliveryState,
+    after: &Delivery,
+) -> StoreResult<()> {
+    if is_waiting(before) && !is_waiting(after.state) {
+        services.backlog.record(&after.tenant_id, -1).await?;
+    }
+    Ok(())
 }
 
 /// The endpoint's policy. Specs are validated when written, so the fallback is only

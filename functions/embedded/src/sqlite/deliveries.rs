@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Attempt, Delivery};
-use entrega_core::ids::{DeliveryId, EndpointId, EventId};
+use entrega_core::ids::{DeliveryId, EndpointId, EventId, TenantId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
@@ -14,17 +14,37 @@ fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbErro
     json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
 }
 
+fn insert_attempts(conn: &Connection, attempts: &[Attempt]) -> Result<(), DbError> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO attempts (id, delivery_id, endpoint_id, started_at, json)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for a in attempts {
+        stmt.execute(params![
+            a.id.as_str(),
+            a.delivery_id.as_str(),
+            a.endpoint_id.as_str(),
+            ts(a.started_at),
+            serde_json::to_string(a)?
+        ])?;
+    }
+    Ok(())
+}
+
 fn read_many(conn: &Connection, sql: &str, args: Vec<SqlValue>) -> Result<Vec<Delivery>, DbError> {
     json_rows(conn, sql, params_from_iter(args))
 }
 
 #[async_trait]
 impl DeliveryStore for SqliteStore {
-    async fn create_delivery_if_absent(&self, delivery: &Delivery) -> StoreResult<Delivery> {
+    async fn create_delivery_if_absent(
+        &self,
+        delivery: &Delivery,
+    ) -> StoreResult<(Delivery, bool)> {
         let d = delivery.clone();
         self.db
             .call(move |conn| {
-                conn.execute(
+                let created = conn.execute(
                     "INSERT INTO deliveries
                        (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
@@ -41,9 +61,13 @@ impl DeliveryStore for SqliteStore {
                         d.version as i64,
                         serde_json::to_string(&d)?,
                     ],
-                )?;
-                read_delivery(conn, d.id.as_str())?
-                    .ok_or_else(|| DbError::Conflict("delivery vanished after insert".into()))
+                )? == 1;
+                if created {
+                    return Ok((d, true));
+                }
+                let stored = read_delivery(conn, d.id.as_str())?
+                    .ok_or_else(|| DbError::Conflict("delivery vanished after insert".into()))?;
+                Ok((stored, false))
             })
             .await
     }
@@ -84,21 +108,21 @@ impl DeliveryStore for SqliteStore {
                         next.id
                     )));
                 }
-                for a in &attempts {
-                    tx.execute(
-                        "INSERT INTO attempts (id, delivery_id, endpoint_id, started_at, json)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![
-                            a.id.as_str(),
-                            a.delivery_id.as_str(),
-                            a.endpoint_id.as_str(),
-                            ts(a.started_at),
-                            serde_json::to_string(a)?
-                        ],
-                    )?;
-                }
+                insert_attempts(&tx, &attempts)?;
                 tx.commit()?;
                 Ok(next)
+            })
+            .await
+    }
+
+    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
+        let attempts = attempts.to_vec();
+        self.db
+            .call(move |conn| {
+                let tx = conn.transaction()?;
+                insert_attempts(&tx, &attempts)?;
+                tx.commit()?;
+                Ok(())
             })
             .await
     }
@@ -157,14 +181,18 @@ impl DeliveryStore for SqliteStore {
             .await
     }
 
-    async fn deliveries_of_event(&self, id: &EventId) -> StoreResult<Vec<Delivery>> {
-        let id = id.to_string();
+    async fn deliveries_of_event(
+        &self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
             .call(move |conn| {
                 read_many(
                     conn,
-                    "SELECT json FROM deliveries WHERE event_id = ?1 ORDER BY id",
-                    vec![SqlValue::Text(id)],
+                    "SELECT json FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2 ORDER BY id",
+                    vec![SqlValue::Text(tenant), SqlValue::Text(id)],
                 )
             })
             .await

@@ -1,15 +1,33 @@
-//! Endpoints in SQLite.
+//! Endpoints in SQLite: the configuration and the health record in one row, each
+//! under its own version.
 
 use async_trait::async_trait;
-use entrega_core::endpoint::Endpoint;
+use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::ports::{EndpointStore, Page, StoreResult};
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension, Row};
 
-use super::{json_row, json_rows, DbError, SqliteStore};
+use super::{DbError, SqliteStore};
 
-fn to_json(e: &Endpoint) -> String {
+/// The columns [`from_row`] reads, in order.
+const COLUMNS: &str = "json, version, health, health_version";
+
+fn config_json(e: &Endpoint) -> String {
     serde_json::to_string(e).expect("an endpoint serialises")
+}
+
+fn from_row(row: &Row<'_>) -> rusqlite::Result<(String, i64, String, i64)> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+}
+
+fn decode(
+    (json, version, health, health_version): (String, i64, String, i64),
+) -> Result<Endpoint, DbError> {
+    let mut endpoint: Endpoint = serde_json::from_str(&json)?;
+    endpoint.version = version as u64;
+    endpoint.health = serde_json::from_str(&health)?;
+    endpoint.health.version = health_version as u64;
+    Ok(endpoint)
 }
 
 #[async_trait]
@@ -18,7 +36,7 @@ impl EndpointStore for SqliteStore {
         let (id, tenant, json) = (
             endpoint.id.to_string(),
             endpoint.tenant_id.to_string(),
-            to_json(endpoint),
+            config_json(endpoint),
         );
         self.db
             .call(move |conn| {
@@ -34,22 +52,69 @@ impl EndpointStore for SqliteStore {
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| json_row(conn, "SELECT json FROM endpoints WHERE id = ?1", [id]))
+            .call(move |conn| {
+                conn.query_row(
+                    &format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"),
+                    [id],
+                    from_row,
+                )
+                .optional()?
+                .map(decode)
+                .transpose()
+            })
             .await
     }
 
-    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        let (id, json) = (endpoint.id.to_string(), to_json(endpoint));
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<Endpoint> {
+        let mut next = endpoint.clone();
+        next.version += 1;
+        let (id, json, expected) = (
+            next.id.to_string(),
+            config_json(&next),
+            endpoint.version as i64,
+        );
         self.db
             .call(move |conn| {
                 let n = conn.execute(
-                    "UPDATE endpoints SET json = ?2 WHERE id = ?1",
-                    params![id, json],
+                    "UPDATE endpoints SET json = ?2, version = version + 1
+                     WHERE id = ?1 AND version = ?3",
+                    params![id, json, expected],
                 )?;
                 if n == 0 {
-                    return Err(DbError::Conflict(format!("endpoint {id} no longer exists")));
+                    return Err(DbError::Conflict(format!(
+                        "endpoint {id} changed meanwhile or no longer exists"
+                    )));
                 }
-                Ok(())
+                Ok(next)
+            })
+            .await
+    }
+
+    async fn update_endpoint_health(
+        &self,
+        id: &EndpointId,
+        health: &EndpointHealth,
+    ) -> StoreResult<EndpointHealth> {
+        let mut next = health.clone();
+        next.version += 1;
+        let id = id.to_string();
+        let (json, expected) = (
+            serde_json::to_string(&next).expect("health serialises"),
+            health.version as i64,
+        );
+        self.db
+            .call(move |conn| {
+                let n = conn.execute(
+                    "UPDATE endpoints SET health = ?2, health_version = health_version + 1
+                     WHERE id = ?1 AND health_version = ?3",
+                    params![id, json, expected],
+                )?;
+                if n == 0 {
+                    return Err(DbError::Conflict(format!(
+                        "the health of endpoint {id} changed meanwhile"
+                    )));
+                }
+                Ok(next)
             })
             .await
     }
@@ -74,19 +139,17 @@ impl EndpointStore for SqliteStore {
         let cursor = cursor.map(str::to_owned);
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
-                    "SELECT json FROM endpoints
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM endpoints
                      WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR id < ?2)
-                     ORDER BY id DESC LIMIT ?3",
-                )?;
+                     ORDER BY id DESC LIMIT ?3"
+                ))?;
                 let rows = stmt
-                    .query_map(params![tenant, cursor, (limit + 1) as i64], |r| {
-                        r.get::<_, String>(0)
-                    })?
+                    .query_map(params![tenant, cursor, (limit + 1) as i64], from_row)?
                     .collect::<Result<Vec<_>, _>>()?;
                 let data = rows
-                    .iter()
-                    .map(|j| serde_json::from_str::<Endpoint>(j))
+                    .into_iter()
+                    .map(decode)
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(Page::from_rows(data, limit, |e| e.id.to_string(), None))
             })
@@ -97,11 +160,13 @@ impl EndpointStore for SqliteStore {
         let tenant = tenant.to_string();
         self.db
             .call(move |conn| {
-                json_rows(
-                    conn,
-                    "SELECT json FROM endpoints WHERE tenant_id = ?1",
-                    [tenant],
-                )
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM endpoints WHERE tenant_id = ?1"
+                ))?;
+                let rows = stmt
+                    .query_map([tenant], from_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                rows.into_iter().map(decode).collect()
             })
             .await
     }

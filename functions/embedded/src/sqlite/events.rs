@@ -3,7 +3,7 @@
 use super::{json_row, json_rows, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
-use entrega_core::ids::EventId;
+use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::{EventStore, Published, StoreResult};
 use rusqlite::params;
 
@@ -16,27 +16,42 @@ impl EventStore for SqliteStore {
     async fn publish(&self, event: &Event) -> StoreResult<Published> {
         let json = serde_json::to_string(event).expect("an event serialises");
         let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
-        self.db
+        let published = self
+            .db
             .call(move |conn| {
                 let inserted = conn.execute(
                     "INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (id) DO NOTHING",
+                     ON CONFLICT (tenant_id, id) DO NOTHING",
                     params![id, tenant, json],
                 )?;
                 if inserted == 1 {
                     return Ok(Published::Created);
                 }
-                let existing: String =
-                    conn.query_row("SELECT json FROM outbox WHERE id = ?1", [id], |r| r.get(0))?;
+                let existing: String = conn.query_row(
+                    "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
+                    [tenant, id],
+                    |r| r.get(0),
+                )?;
                 Ok(Published::Existing(serde_json::from_str(&existing)?))
             })
-            .await
+            .await?;
+        if published == Published::Created {
+            self.outbox_pending.add(&event.tenant_id, 1);
+            self.published.notify_one();
+        }
+        Ok(published)
     }
 
-    async fn get_event(&self, id: &EventId) -> StoreResult<Option<Event>> {
-        let id = id.to_string();
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
-            .call(move |conn| json_row(conn, "SELECT json FROM outbox WHERE id = ?1", [id]))
+            .call(move |conn| {
+                json_row(
+                    conn,
+                    "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
+                    [tenant, id],
+                )
+            })
             .await
     }
 }
@@ -54,14 +69,22 @@ impl SqliteStore {
             .await
     }
 
-    /// Record that `id` has been fanned out (after its deliveries are queued).
-    pub async fn mark_fanned_out(&self, id: &EventId) -> StoreResult<()> {
-        let id = id.to_string();
-        self.db
+    /// Record that `event` has been fanned out (after its deliveries are queued).
+    pub async fn mark_fanned_out(&self, event: &Event) -> StoreResult<()> {
+        let (tenant, id) = (event.tenant_id.to_string(), event.id.to_string());
+        let marked = self
+            .db
             .call(move |conn| {
-                conn.execute("UPDATE outbox SET fanned_out = 1 WHERE id = ?1", [id])?;
-                Ok(())
+                Ok(conn.execute(
+                    "UPDATE outbox SET fanned_out = 1
+                     WHERE tenant_id = ?1 AND id = ?2 AND fanned_out = 0",
+                    [tenant, id],
+                )?)
             })
-            .await
+            .await?;
+        if marked == 1 {
+            self.outbox_pending.add(&event.tenant_id, -1);
+        }
+        Ok(())
     }
 }

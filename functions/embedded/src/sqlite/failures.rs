@@ -132,6 +132,16 @@ impl CounterStore for SqliteStore {
             .await
     }
 
+    async fn forget(&self, key: &str) -> StoreResult<()> {
+        let key = key.to_owned();
+        self.db
+            .call(move |conn| {
+                conn.execute("DELETE FROM remembered WHERE key = ?1", [key])?;
+                Ok(())
+            })
+            .await
+    }
+
     async fn remember_once(
         &self,
         key: &str,

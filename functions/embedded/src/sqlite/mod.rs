@@ -5,10 +5,12 @@
 //! writers anyway, and a single connection makes every transaction's view simple.
 //! WAL mode keeps readers (`sqlite3` in another shell) from blocking the runtime.
 
+pub mod backlog;
 mod deliveries;
 mod endpoints;
 mod events;
 mod failures;
+mod lanes;
 pub mod queue;
 mod schema;
 mod tenants;
@@ -33,16 +35,29 @@ pub struct SqliteDb {
 impl SqliteDb {
     /// Open (creating if needed) the database at `path` and bring its schema up to date.
     pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS
         // crash or power loss may lose the last transactions.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
-        conn.execute_batch(schema::SCHEMA)?;
+        schema::migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
+    }
+
+    /// Bound the database file to `bytes` (SQLite's `max_page_count`): past it, writes
+    /// fail with "database or disk is full" and the API answers 503, before the disk
+    /// itself fills.
+    pub async fn limit_size(&self, bytes: u64) -> StoreResult<()> {
+        self.call(move |conn| {
+            let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+            let pages = (bytes as i64 / page_size.max(512)).max(1);
+            conn.pragma_update(None, "max_page_count", pages)?;
+            Ok(())
+        })
+        .await
     }
 
     /// Run `f` on the connection in the blocking pool.
@@ -137,11 +152,53 @@ fn ts(t: DateTime<Utc>) -> String {
 pub struct SqliteStore {
     db: SqliteDb,
     clock: Arc<dyn Clock>,
+    /// Events committed but not fanned out, per tenant (for the backlog).
+    outbox_pending: backlog::TenantCounts,
+    /// Signalled by every publish: the fan-out waits on it instead of a timer.
+    published: Arc<tokio::sync::Notify>,
 }
 
 impl SqliteStore {
     pub fn new(db: SqliteDb, clock: Arc<dyn Clock>) -> Self {
-        Self { db, clock }
+        Self {
+            db,
+            clock,
+            outbox_pending: backlog::TenantCounts::default(),
+            published: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Resolves after a publish (or at once if one happened since the last wait).
+    pub async fn outbox_published(&self) {
+        self.published.notified().await
+    }
+
+    /// Count the outbox rows not yet fanned out, per tenant (at start-up).
+    pub async fn load_outbox_pending(&self) -> StoreResult<()> {
+        let rows = self
+            .db
+            .call(|conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT tenant_id, COUNT(*) FROM outbox WHERE fanned_out = 0 GROUP BY tenant_id",
+                )?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await?;
+        for (tenant, count) in rows {
+            self.outbox_pending.set(tenant, count as u64);
+        }
+        Ok(())
+    }
+
+    pub fn db(&self) -> &SqliteDb {
+        &self.db
+    }
+
+    pub fn outbox_pending(&self) -> &backlog::TenantCounts {
+        &self.outbox_pending
     }
 
     /// After a crash (or `kill -9`) no attempt of the previous process is running: the

@@ -3,11 +3,14 @@
 //! deleted, every receive counts, and a stale receipt cannot delete a message that
 //! another consumer has received since.
 //!
-//! Two things SQS does not do, done here because one process serves every tenant:
-//! receiving is round-robin over groups (tenants) with ready messages, and messages
-//! sharing a concurrency key (an endpoint) have at most their limit in flight.
+//! Every message is a row in SQLite (a send commits before it returns); which message
+//! a receive hands out is decided in memory by the [`Scheduler`]: round-robin over
+//! groups (tenants), then over concurrency keys (endpoints) within a group, each key
+//! capped at its limit in flight. Receiving is a memory operation plus one read of the
+//! bodies it hands out, whatever the backlog. What is *not* persisted — that a message
+//! is in flight, and its receive count — is exactly what a restart must forget anyway:
+//! the database is locked to one process, so nothing of a previous process is running.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,9 +19,10 @@ use chrono::{DateTime, Utc};
 use entrega_core::ports::{
     Clock, LongDelayScheduler, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
 };
-use rand::Rng;
-use rusqlite::{params, Connection};
+use rusqlite::params;
+use tokio::sync::Notify;
 
+use super::lanes::{Handout, Scheduler};
 use super::{DbError, SqliteDb};
 
 /// The queue of delivery tasks.
@@ -32,172 +36,117 @@ pub struct SqliteQueue {
     db: SqliteDb,
     name: &'static str,
     clock: Arc<dyn Clock>,
-    /// The group served last, so the next receive starts with the one after it.
-    last_group: Arc<Mutex<Option<String>>>,
+    scheduler: Arc<Mutex<Scheduler>>,
+    /// Signalled when a message may have become receivable (sent, or a slot freed),
+    /// so a consumer waits on work instead of polling on a timer.
+    work: Arc<Notify>,
 }
 
 fn millis(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-fn parse_receipt(receipt: &str) -> Option<(i64, &str)> {
-    let (id, _) = receipt.split_once(':')?;
-    Some((id.parse().ok()?, receipt))
+/// A receipt is `<row id>:<receipt number>` (hex), opaque to consumers.
+fn parse_receipt(receipt: &str) -> Option<(i64, u64)> {
+    let (id, number) = receipt.split_once(':')?;
+    Some((id.parse().ok()?, u64::from_str_radix(number, 16).ok()?))
 }
 
 impl SqliteQueue {
-    pub fn new(db: SqliteDb, name: &'static str, clock: Arc<dyn Clock>) -> Self {
-        Self {
+    /// The queue `name` in `db`, with its messages loaded. Every message is visible
+    /// again at once unless it was delayed: no consumer of a previous process can
+    /// still be running (the database lock sees to that).
+    pub async fn open(
+        db: SqliteDb,
+        name: &'static str,
+        clock: Arc<dyn Clock>,
+    ) -> StoreResult<Self> {
+        let now = millis(clock.now());
+        let rows = db
+            .call(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT id, grp, ckey, climit,
+                            CASE WHEN in_flight = 1 THEN MIN(visible_at, ?2) ELSE visible_at END
+                     FROM queue WHERE queue = ?1 ORDER BY id",
+                )?;
+                let rows = stmt
+                    .query_map(params![name, now], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, Option<String>>(2)?,
+                            r.get::<_, u32>(3)?,
+                            r.get::<_, i64>(4)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await?;
+        let mut scheduler = Scheduler::new(rand::random());
+        for (id, group, key, limit, visible_at) in rows {
+            scheduler.insert(id, &group, key.as_deref(), limit, visible_at, now);
+        }
+        Ok(Self {
             db,
             name,
             clock,
-            last_group: Arc::new(Mutex::new(None)),
-        }
+            scheduler: Arc::new(Mutex::new(scheduler)),
+            work: Arc::new(Notify::new()),
+        })
     }
 
-    /// Make every in-flight message visible now. Only sound when no consumer of the
-    /// previous process can still be running, which the database lock guarantees.
-    pub async fn release_in_flight(&self) -> StoreResult<usize> {
-        let (name, now) = (self.name, millis(self.clock.now()));
-        self.db
-            .call(move |conn| {
-                Ok(conn.execute(
-                    "UPDATE queue SET in_flight = 0, visible_at = MIN(visible_at, ?2)
-                     WHERE queue = ?1 AND in_flight = 1",
-                    params![name, now],
-                )?)
-            })
-            .await
+    fn scheduler(&self) -> std::sync::MutexGuard<'_, Scheduler> {
+        self.scheduler.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Messages in the queue, visible or not (for operators and tests).
     pub async fn depth(&self) -> StoreResult<u64> {
-        let name = self.name;
-        self.db
-            .call(move |conn| {
-                Ok(
-                    conn.query_row("SELECT COUNT(*) FROM queue WHERE queue = ?1", [name], |r| {
-                        r.get::<_, i64>(0)
-                    })? as u64,
-                )
-            })
-            .await
+        Ok(self.scheduler().len() as u64)
     }
-}
 
-/// A candidate message: (row id, group, concurrency key, limit).
-type Candidate = (i64, String, Option<String>, u32);
+    /// Messages of one group (a tenant's waiting work), visible or not.
+    pub fn group_len(&self, group: &str) -> u64 {
+        self.scheduler().group_len(group)
+    }
 
-fn receive_in(
-    conn: &mut Connection,
-    name: &str,
-    max: usize,
-    visible_until: i64,
-    now: i64,
-    start_after: Option<String>,
-) -> Result<(Vec<ReceivedMessage>, Option<String>), DbError> {
-    let tx = conn.transaction()?;
-    // In-flight counts per concurrency key: keys at their limit are skipped.
-    let mut in_flight: HashMap<String, u32> = HashMap::new();
-    {
-        let mut stmt = tx.prepare(
-            "SELECT ckey, COUNT(*) FROM queue
-             WHERE queue = ?1 AND in_flight = 1 AND visible_at > ?2 AND ckey IS NOT NULL
-             GROUP BY ckey",
-        )?;
-        for row in stmt.query_map(params![name, now], |r| Ok((r.get(0)?, r.get(1)?)))? {
-            let (key, count): (String, u32) = row?;
-            in_flight.insert(key, count);
-        }
+    /// Every group with messages, and how many.
+    pub fn group_lens(&self) -> Vec<(String, u64)> {
+        self.scheduler().group_lens()
     }
-    let mut groups: Vec<String> = {
-        let mut stmt = tx.prepare(
-            "SELECT DISTINCT grp FROM queue WHERE queue = ?1 AND visible_at <= ?2 ORDER BY grp",
-        )?;
-        let rows = stmt.query_map(params![name, now], |r| r.get(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    // Round robin: start with the group after the one served last time.
-    if let Some(last) = start_after {
-        let split = groups.partition_point(|g| *g <= last);
-        groups.rotate_left(split);
+
+    /// Resolves when work may have arrived; consumers also poll, so a missed signal
+    /// costs a poll interval, never a message.
+    pub async fn work_arrived(&self) {
+        self.work.notified().await
     }
-    let mut per_group: Vec<std::collections::VecDeque<Candidate>> = Vec::new();
-    {
-        let mut stmt = tx.prepare(
-            "SELECT id, grp, ckey, climit FROM queue
-             WHERE queue = ?1 AND grp = ?2 AND visible_at <= ?3
-             ORDER BY visible_at, id LIMIT ?4",
-        )?;
-        for group in &groups {
-            // Saturated keys can hide many ready rows; look further than `max` so one
-            // blocked endpoint does not hide its tenant's other endpoints.
-            let rows = stmt.query_map(params![name, group, now, (max * 4 + 16) as i64], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })?;
-            per_group.push(rows.collect::<Result<_, _>>()?);
-        }
-    }
-    let mut taken: Vec<Candidate> = Vec::new();
-    let mut last_served = None;
-    'rounds: loop {
-        let mut progressed = false;
-        for queue in per_group.iter_mut() {
-            while let Some(candidate) = queue.pop_front() {
-                if let Some(key) = &candidate.2 {
-                    let count = in_flight.entry(key.clone()).or_default();
-                    if *count >= candidate.3.max(1) {
-                        continue;
-                    }
-                    *count += 1;
-                }
-                last_served = Some(candidate.1.clone());
-                taken.push(candidate);
-                progressed = true;
-                if taken.len() == max {
-                    break 'rounds;
-                }
-                break;
-            }
-        }
-        if !progressed {
-            break;
-        }
-    }
-    let mut received = Vec::with_capacity(taken.len());
-    {
-        let mut stmt = tx.prepare(
-            "UPDATE queue SET in_flight = 1, visible_at = ?2, receive_count = receive_count + 1,
-                              receipt = ?3
-             WHERE id = ?1 RETURNING body, receive_count",
-        )?;
-        let mut rng = rand::thread_rng();
-        for (id, ..) in &taken {
-            let receipt = format!("{id}:{:016x}", rng.gen::<u64>());
-            let (body, receive_count) = stmt
-                .query_row(params![id, visible_until, receipt], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?;
-            received.push(ReceivedMessage {
-                receipt,
-                body,
-                receive_count,
-            });
-        }
-    }
-    tx.commit()?;
-    Ok((received, last_served))
 }
 
 #[async_trait]
 impl MessageQueue for SqliteQueue {
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
         let (name, now) = (self.name, millis(self.clock.now()));
-        self.db
+        let rows: Vec<(String, Option<String>, u32, i64)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m.group.clone(),
+                    m.concurrency_key.clone(),
+                    m.concurrency_limit,
+                    now + m.delay.as_millis() as i64,
+                )
+            })
+            .collect();
+        let ids = self
+            .db
             .call(move |conn| {
                 let tx = conn.transaction()?;
+                let mut ids = Vec::with_capacity(messages.len());
                 {
-                    let mut stmt = tx.prepare(
+                    let mut stmt = tx.prepare_cached(
                         "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?;
@@ -211,44 +160,77 @@ impl MessageQueue for SqliteQueue {
                             m.concurrency_limit,
                             visible_at
                         ])?;
+                        ids.push(tx.last_insert_rowid());
                     }
                 }
                 tx.commit()?;
-                Ok(())
+                Ok(ids)
             })
-            .await
+            .await?;
+        {
+            let mut scheduler = self.scheduler();
+            for (id, (group, key, limit, visible_at)) in ids.into_iter().zip(rows) {
+                scheduler.insert(id, &group, key.as_deref(), limit, visible_at, now);
+            }
+        }
+        self.work.notify_one();
+        Ok(())
     }
 
     async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let name = self.name;
         let now = millis(self.clock.now());
-        let visible_until = now + visibility.as_millis() as i64;
-        let start_after = self.last_group.lock().expect("not poisoned").clone();
-        let (received, last) = self
-            .db
-            .call(move |conn| receive_in(conn, name, max, visible_until, now, start_after))
-            .await?;
-        if last.is_some() {
-            *self.last_group.lock().expect("not poisoned") = last;
+        let handouts: Vec<Handout> =
+            self.scheduler()
+                .receive(max, now, now + visibility.as_millis() as i64);
+        if handouts.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(received)
+        let wanted: Vec<i64> = handouts.iter().map(|h| h.id).collect();
+        let bodies = self
+            .db
+            .call(move |conn| {
+                let mut stmt = conn.prepare_cached("SELECT body FROM queue WHERE id = ?1")?;
+                let mut bodies = Vec::with_capacity(wanted.len());
+                for id in wanted {
+                    bodies.push(stmt.query_row([id], |r| r.get::<_, String>(0))?);
+                }
+                Ok::<_, DbError>(bodies)
+            })
+            .await?;
+        Ok(handouts
+            .into_iter()
+            .zip(bodies)
+            .map(|(h, body)| ReceivedMessage {
+                receipt: format!("{}:{:x}", h.id, h.receipt),
+                body,
+                receive_count: h.receive_count,
+            })
+            .collect())
     }
 
     async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
-        let Some((id, receipt)) = parse_receipt(receipt) else {
+        let Some((id, number)) = parse_receipt(receipt) else {
             return Ok(());
         };
-        let receipt = receipt.to_owned();
-        let visible_at = millis(self.clock.now()) + delay.as_millis() as i64;
+        let now = millis(self.clock.now());
+        let visible_at = now + delay.as_millis() as i64;
+        if !self
+            .scheduler()
+            .change_visibility(id, number, visible_at, now)
+        {
+            return Ok(());
+        }
+        self.work.notify_one();
+        // Persisted so a retry delay outlives a restart (a lost one only brings the
+        // message back early, which the worker checks against the delivery anyway).
         self.db
             .call(move |conn| {
-                // Waiting out a delay is not being in flight: it frees the endpoint's slot.
                 conn.execute(
-                    "UPDATE queue SET visible_at = ?2, in_flight = 0 WHERE id = ?1 AND receipt = ?3",
-                    params![id, visible_at, receipt],
+                    "UPDATE queue SET visible_at = ?2 WHERE id = ?1",
+                    params![id, visible_at],
                 )?;
                 Ok(())
             })
@@ -256,16 +238,17 @@ impl MessageQueue for SqliteQueue {
     }
 
     async fn delete(&self, receipt: &str) -> StoreResult<()> {
-        let Some((id, receipt)) = parse_receipt(receipt) else {
+        let Some((id, number)) = parse_receipt(receipt) else {
             return Ok(());
         };
-        let receipt = receipt.to_owned();
+        let now = millis(self.clock.now());
+        if !self.scheduler().remove(id, number, now) {
+            return Ok(());
+        }
+        self.work.notify_one();
         self.db
             .call(move |conn| {
-                conn.execute(
-                    "DELETE FROM queue WHERE id = ?1 AND receipt = ?2",
-                    params![id, receipt],
-                )?;
+                conn.execute("DELETE FROM queue WHERE id = ?1", [id])?;
                 Ok(())
             })
             .await

@@ -23,14 +23,16 @@ impl Drop for PathGuard {
     }
 }
 
-fn fixture() -> Fixture {
+async fn fixture() -> Fixture {
     let dir = std::env::temp_dir().join(format!("entrega-queue-{}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let db = SqliteDb::open(&dir.join("q.db")).unwrap();
     let clock = Arc::new(ManualClock::new(
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap(),
     ));
-    let queue = SqliteQueue::new(db, DELIVERY_QUEUE, clock.clone());
+    let queue = SqliteQueue::open(db, DELIVERY_QUEUE, clock.clone())
+        .await
+        .unwrap();
     Fixture {
         _dir: PathGuard(dir),
         clock,
@@ -52,7 +54,7 @@ const VISIBILITY: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn unacknowledged_messages_come_back_after_the_visibility_timeout() {
-    let f = fixture();
+    let f = fixture().await;
     f.queue.send(vec![msg("t1", "e1", 8, "a")]).await.unwrap();
     let first = f.queue.receive(10, VISIBILITY).await.unwrap();
     assert_eq!((first.len(), first[0].receive_count), (1, 1));
@@ -72,7 +74,7 @@ async fn unacknowledged_messages_come_back_after_the_visibility_timeout() {
 
 #[tokio::test]
 async fn delays_and_visibility_changes_are_honoured() {
-    let f = fixture();
+    let f = fixture().await;
     let mut later = msg("t1", "e1", 8, "later");
     later.delay = Duration::from_secs(30 * 3600);
     f.queue
@@ -112,7 +114,7 @@ async fn delays_and_visibility_changes_are_honoured() {
 
 #[tokio::test]
 async fn receiving_is_round_robin_across_tenants() {
-    let f = fixture();
+    let f = fixture().await;
     let flood: Vec<_> = (0..100)
         .map(|i| msg("big", &format!("e{i}"), 8, "big"))
         .collect();
@@ -139,7 +141,7 @@ async fn receiving_is_round_robin_across_tenants() {
 
 #[tokio::test]
 async fn an_endpoint_never_has_more_than_its_cap_in_flight() {
-    let f = fixture();
+    let f = fixture().await;
     let blocked: Vec<_> = (0..50).map(|_| msg("t1", "slow", 3, "slow")).collect();
     f.queue.send(blocked).await.unwrap();
     f.queue
@@ -168,10 +170,61 @@ async fn an_endpoint_never_has_more_than_its_cap_in_flight() {
 }
 
 #[tokio::test]
-async fn releasing_in_flight_messages_makes_them_visible_at_once() {
-    let f = fixture();
-    f.queue.send(vec![msg("t1", "e1", 8, "a")]).await.unwrap();
-    assert_eq!(f.queue.receive(1, VISIBILITY).await.unwrap().len(), 1);
-    assert_eq!(f.queue.release_in_flight().await.unwrap(), 1);
-    assert_eq!(f.queue.receive(1, VISIBILITY).await.unwrap().len(), 1);
+async fn a_reopened_queue_forgets_what_was_in_flight_but_keeps_delays() {
+    let f = fixture().await;
+    f.queue
+        .send(vec![
+            msg("t1", "e1", 8, "in flight"),
+            msg("t1", "e1", 8, "retry"),
+        ])
+        .await
+        .unwrap();
+    let got = f.queue.receive(2, VISIBILITY).await.unwrap();
+    let retry = got.iter().find(|m| m.body == "retry").unwrap();
+    f.queue
+        .change_visibility(&retry.receipt, Duration::from_secs(600))
+        .await
+        .unwrap();
+    // A new process on the same file: the in-flight message is visible at once (its
+    // consumer died with the old process), the delayed one keeps its delay.
+    let reopened = SqliteQueue::open(f.queue.db.clone(), DELIVERY_QUEUE, f.clock.clone())
+        .await
+        .unwrap();
+    let again = reopened.receive(10, VISIBILITY).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].body, "in flight");
+    assert!(
+        reopened.delete(&got[0].receipt).await.is_ok(),
+        "an old process's receipt is stale, not an error"
+    );
+    assert_eq!(reopened.depth().await.unwrap(), 2);
+    f.clock.advance(Duration::from_secs(600));
+    let later: Vec<String> = reopened
+        .receive(10, VISIBILITY)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert!(later.contains(&"retry".to_owned()), "{later:?}");
+}
+
+#[tokio::test]
+async fn fifty_thousand_queued_behind_a_saturated_endpoint_do_not_delay_its_neighbour() {
+    let f = fixture().await;
+    let backlog: Vec<_> = (0..50_000).map(|_| msg("t1", "slow", 1, "slow")).collect();
+    f.queue.send(backlog).await.unwrap();
+    let first = f.queue.receive(64, VISIBILITY).await.unwrap();
+    assert_eq!(first.len(), 1, "the slow endpoint's cap of 1 holds");
+    f.queue
+        .send(vec![msg("t1", "fast", 8, "fast")])
+        .await
+        .unwrap();
+    let next = f.queue.receive(64, VISIBILITY).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        next[0].body, "fast",
+        "the same tenant's other endpoint is served at once"
+    );
+    assert_eq!(f.queue.group_len("t1"), 50_001);
 }

@@ -1,6 +1,53 @@
 //! The embedded database schema. Records are stored whole as JSON (the domain types'
 //! serde form) beside the columns that queries filter and sort on.
 
+/// The schema version this code writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// Bring a database written by an earlier version up to [`SCHEMA_VERSION`], in one
+/// transaction, before [`SCHEMA`] runs. Version 1 (unversioned, `user_version` 0) had
+/// one global event-id namespace and endpoints without versions.
+pub fn migrate(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let has_endpoints: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'endpoints'",
+        [],
+        |r| r.get(0),
+    )?;
+    if version > SCHEMA_VERSION {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(format!(
+                "the database was written by a newer Entrega (schema {version}, this one knows {SCHEMA_VERSION})"
+            )),
+        ));
+    }
+    let tx = conn.transaction()?;
+    if version < 2 && has_endpoints {
+        tx.execute_batch(
+            "ALTER TABLE endpoints ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+             ALTER TABLE endpoints ADD COLUMN health TEXT NOT NULL DEFAULT '{}';
+             ALTER TABLE endpoints ADD COLUMN health_version INTEGER NOT NULL DEFAULT 0;
+             CREATE TABLE outbox_v2 (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 id TEXT NOT NULL,
+                 tenant_id TEXT NOT NULL,
+                 json TEXT NOT NULL,
+                 fanned_out INTEGER NOT NULL DEFAULT 0,
+                 UNIQUE (tenant_id, id)
+             );
+             INSERT INTO outbox_v2 (seq, id, tenant_id, json, fanned_out)
+                 SELECT seq, id, tenant_id, json, fanned_out FROM outbox;
+             DROP TABLE outbox;
+             ALTER TABLE outbox_v2 RENAME TO outbox;
+             DROP INDEX IF EXISTS deliveries_by_event;",
+        )?;
+    }
+    tx.execute_batch(SCHEMA)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()
+}
+
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
     id TEXT PRIMARY KEY,
@@ -10,21 +57,29 @@ CREATE TABLE IF NOT EXISTS api_keys (
     hash TEXT PRIMARY KEY,
     principal TEXT NOT NULL
 );
+-- The configuration (`json`, `version`) and the health bookkeeping (`health`,
+-- `health_version`) are versioned apart: the worker writes only the latter, so it can
+-- never undo a client's change to the former.
 CREATE TABLE IF NOT EXISTS endpoints (
     id TEXT PRIMARY KEY,
     tenant_id TEXT NOT NULL,
-    json TEXT NOT NULL
+    json TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0,
+    health TEXT NOT NULL DEFAULT '{}',
+    health_version INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS endpoints_by_tenant ON endpoints (tenant_id, id);
 
 -- The outbox: an event exists once its row commits. `fanned_out` is the embedded
--- runtime's stand-in for a DynamoDB stream's position.
+-- runtime's stand-in for a DynamoDB stream's position. Event ids are scoped to their
+-- tenant: two tenants may publish the same id.
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
+    id TEXT NOT NULL,
     tenant_id TEXT NOT NULL,
     json TEXT NOT NULL,
-    fanned_out INTEGER NOT NULL DEFAULT 0
+    fanned_out INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (tenant_id, id)
 );
 CREATE INDEX IF NOT EXISTS outbox_waiting ON outbox (fanned_out, tenant_id, seq);
 
@@ -42,7 +97,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, id);
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries (endpoint_id, state, id);
-CREATE INDEX IF NOT EXISTS deliveries_by_event ON deliveries (event_id);
+CREATE INDEX IF NOT EXISTS deliveries_by_tenant_event ON deliveries (tenant_id, event_id);
 
 CREATE TABLE IF NOT EXISTS attempts (
     id TEXT PRIMARY KEY,

@@ -91,7 +91,7 @@ async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metr
         1,
         "one alert per failure per day, even with no new failure"
     );
-    assert!(metrics.render().contains(&format!(
+    assert!(metrics.render(&[]).contains(&format!(
         "entrega_oldest_unacknowledged_failure_age_seconds {}",
         age.as_secs()
     )));
@@ -106,7 +106,7 @@ async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metr
     }
     assert_eq!(check_unacknowledged(&services).await.unwrap(), None);
     assert!(metrics
-        .render()
+        .render(&[])
         .contains("entrega_oldest_unacknowledged_failure_age_seconds 0"));
 }
 
@@ -149,6 +149,7 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
         .unwrap();
     let started = current(&services)
         .await
+        .health
         .failing_since
         .expect("the stretch starts");
     clock.advance(Duration::from_secs(4 * 86_400));
@@ -157,16 +158,21 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
         .unwrap();
     assert!(!current(&services).await.disabled);
     assert_eq!(
-        current(&services).await.failing_since,
+        current(&services).await.health.failing_since,
         Some(started),
         "the stretch keeps its start"
     );
 
-    // A success ends the stretch and is announced to opted-in endpoints.
+    // A success ends the stretch; once successes have held a minute, the recovery is
+    // announced to opted-in endpoints (not at the first success: hysteresis).
     observe(&services, &current(&services).await, true, clock.now())
         .await
         .unwrap();
-    assert_eq!(current(&services).await.failing_since, None);
+    assert_eq!(current(&services).await.health.failing_since, None);
+    clock.advance(Duration::from_secs(61));
+    observe(&services, &current(&services).await, true, clock.now())
+        .await
+        .unwrap();
     let recovered: EventId = format!(
         "entrega-recovered-{}-{}",
         endpoint.id,
@@ -176,7 +182,7 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     .unwrap();
     let event = services
         .store
-        .get_event(&recovered)
+        .get_event(&tenant.id, &recovered)
         .await
         .unwrap()
         .expect("entrega.endpoint.recovered published");

@@ -56,10 +56,24 @@ async fn tenant_b_cannot_see_or_change_tenant_a() {
         status, 422,
         "a tenant key cannot publish for another tenant"
     );
-    let (status, _) = b
-        .post("/v1/events", json!({"type": "a.b", "data": {}, "id": evt}))
+    // Event ids are scoped to their tenant: B's use of A's id is B's own event, and
+    // answers exactly as any new id would (no oracle of A's ids).
+    let (status, body) = b
+        .post(
+            "/v1/events",
+            json!({"type": "a.b", "data": {"of": "B"}, "id": evt}),
+        )
         .await;
-    assert_eq!(status, 409, "A's event id cannot be reused by B");
+    assert_eq!(status, 202, "B's own event with the same id: {body}");
+    let (status, body) = b.get(&format!("/v1/events/{evt}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["data"], json!({"of": "B"}));
+    let (_, body) = a.get(&format!("/v1/events/{evt}")).await;
+    assert_eq!(
+        body["data"],
+        json!({"secret": "of A"}),
+        "A's event is untouched"
+    );
     let (status, _) = b
         .post(
             "/v1/tenants",

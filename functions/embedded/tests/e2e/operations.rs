@@ -127,7 +127,14 @@ async fn twelve_failures_raise_one_alert_and_three_raise_none() {
         .got()
         .iter()
         .all(|r| r.body.contains("\"type\":\"entrega.delivery.exhausted\"")));
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
+    let open = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 401, "/metrics names tenants: it needs a key");
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth(ADMIN_KEY)
+        .send()
         .await
         .unwrap()
         .text()

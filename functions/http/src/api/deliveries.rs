@@ -14,7 +14,7 @@ use super::auth::Caller;
 use super::extract::QueryMap;
 use super::problem::{ApiError, ApiResult};
 use super::views::{attempt_view, delivery_view};
-use super::{page_limit, AppState};
+use super::{page_cursor, page_limit, AppState};
 
 #[tracing::instrument(skip_all)]
 async fn list_deliveries(
@@ -46,7 +46,7 @@ async fn list_deliveries(
         since,
         until,
         limit: page_limit(&query)?,
-        cursor: query.0.get("cursor").cloned(),
+        cursor: page_cursor::<DeliveryId>(&query)?,
     };
     let page = state.services.store.list_deliveries(&q).await?;
     let data: Vec<Value> = page.data.iter().map(delivery_view).collect();

@@ -10,6 +10,7 @@ use entrega_core::endpoint::{
 };
 use entrega_core::handlers::resume::resume_paused;
 use entrega_core::ids::{EndpointId, TenantId};
+use entrega_core::ports::StoreError;
 use entrega_core::retry::RetrySpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -18,7 +19,7 @@ use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::views::endpoint_view;
-use super::{page_limit, AppState};
+use super::{page_cursor, page_limit, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,33 +31,88 @@ struct CreateEndpoint {
     mode: DeliveryMode,
     #[serde(default)]
     retry: RetrySpec,
+    #[serde(default, deserialize_with = "not_null")]
     timeout_ms: Option<u32>,
+    #[serde(default, deserialize_with = "not_null")]
     max_concurrency: Option<u32>,
     #[serde(default)]
     disabled: bool,
     description: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     tenant_id: Option<TenantId>,
 }
 
+/// A JSON merge patch: absent fields stay, `description: null` clears it, and a null
+/// for a field that cannot be empty is refused (naming it) rather than ignored.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PatchEndpoint {
+    #[serde(default, deserialize_with = "not_null")]
     url: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     event_types: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "not_null")]
     mode: Option<DeliveryMode>,
+    #[serde(default, deserialize_with = "not_null")]
     retry: Option<RetrySpec>,
+    #[serde(default, deserialize_with = "not_null")]
     timeout_ms: Option<u32>,
+    #[serde(default, deserialize_with = "not_null")]
     max_concurrency: Option<u32>,
+    #[serde(default, deserialize_with = "not_null")]
     disabled: Option<bool>,
-    description: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    description: Option<Option<String>>,
+}
+
+/// A field that may be absent but not `null`.
+fn not_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A field that may be absent (`None`), or `null` (`Some(None)`: clear it).
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// Longest endpoint URL.
+pub const MAX_URL_LEN: usize = 2048;
+/// Tries of a client's change against concurrent bookkeeping before a 409.
+const CHANGE_TRIES: usize = 5;
+
+/// The URL as it will be delivered to: checked by the SSRF guard and normalised. What
+/// is stored is exactly what is sent to, so whitespace or control characters (which a
+/// URL parser would silently strip or move) are refused instead.
+fn normalize_url(raw: &str, state: &AppState) -> ApiResult<String> {
+    if raw.len() > MAX_URL_LEN {
+        return Err(ApiError::invalid(
+            "url",
+            format!("at most {MAX_URL_LEN} bytes"),
+        ));
+    }
+    if raw.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(ApiError::invalid(
+            "url",
+            "must not contain spaces, tabs, line breaks or other control characters",
+        ));
+    }
+    let url = state
+        .targets
+        .check_url(raw)
+        .map_err(|e| ApiError::invalid("url", e))?;
+    if url.port() == Some(0) {
+        return Err(ApiError::invalid("url", "port 0 cannot be connected to"));
+    }
+    Ok(url.to_string())
 }
 
 /// Every rule an endpoint must satisfy, checked on create and on every change.
-fn validate(endpoint: &Endpoint, state: &AppState) -> ApiResult<()> {
-    state
-        .targets
-        .check_url(&endpoint.url)
-        .map_err(|e| ApiError::invalid("url", e))?;
+fn validate(endpoint: &mut Endpoint, state: &AppState) -> ApiResult<()> {
+    endpoint.url = normalize_url(&endpoint.url, state)?;
     validate_event_type_patterns(&endpoint.event_types)
         .map_err(|e| ApiError::invalid("event_types", e))?;
     endpoint
@@ -99,7 +155,7 @@ async fn create_endpoint(
         return Err(ApiError::invalid("tenant_id", "no such tenant"));
     }
     let now = state.services.clock.now();
-    let endpoint = Endpoint {
+    let mut endpoint = Endpoint {
         event_types: body.event_types,
         mode: body.mode,
         retry: body.retry,
@@ -110,7 +166,7 @@ async fn create_endpoint(
         ..Endpoint::new(tenant_id, body.url, now)
     };
 
-    validate(&endpoint, &state)?;
+    validate(&mut endpoint, &state)?;
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));
     state.services.store.create_endpoint(&endpoint).await?;
     Ok((StatusCode::CREATED, Json(endpoint_view(&endpoint))))
@@ -130,7 +186,7 @@ async fn list_endpoints(
         .list_endpoints(
             scope.as_ref(),
             limit,
-            query.0.get("cursor").map(String::as_str),
+            page_cursor::<EndpointId>(&query)?.as_deref(),
         )
         .await?;
     let data: Vec<Value> = page.data.iter().map(endpoint_view).collect();
@@ -164,6 +220,32 @@ async fn get_endpoint(
     )))
 }
 
+/// Apply `change` to the endpoint as stored now and write it conditionally on the
+/// version read; on a conflict (the worker's bookkeeping, another client) read and
+/// apply again. What is answered 200 is what is stored.
+async fn change_endpoint(
+    state: &AppState,
+    caller: &Caller,
+    raw: &str,
+    change: impl Fn(&mut Endpoint) -> ApiResult<()>,
+) -> ApiResult<(Endpoint, Endpoint)> {
+    for _ in 0..CHANGE_TRIES {
+        let before = load_endpoint(state, caller, raw).await?;
+        let mut next = before.clone();
+        change(&mut next)?;
+        validate(&mut next, state)?;
+        next.updated_at = state.services.clock.now();
+        match state.services.store.update_endpoint(&next).await {
+            Ok(saved) => return Ok((before, saved)),
+            Err(StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::conflict(
+        "the endpoint kept changing while this change was applied; retry it",
+    ))
+}
+
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
 async fn patch_endpoint(
     State(state): State<AppState>,
@@ -171,35 +253,37 @@ async fn patch_endpoint(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<PatchEndpoint>,
 ) -> ApiResult<Json<Value>> {
-    let before = load_endpoint(&state, &caller, &id).await?;
-    let mut endpoint = before.clone();
-    if let Some(url) = body.url {
-        endpoint.url = url;
-    }
-    if let Some(types) = body.event_types {
-        endpoint.event_types = types;
-    }
-    if let Some(mode) = body.mode {
-        endpoint.mode = mode;
-    }
-    if let Some(retry) = body.retry {
-        endpoint.retry = retry;
-    }
-    if let Some(timeout) = body.timeout_ms {
-        endpoint.timeout_ms = timeout;
-    }
-    if let Some(cap) = body.max_concurrency {
-        endpoint.max_concurrency = cap;
-    }
-    if let Some(disabled) = body.disabled {
-        endpoint.disabled = disabled;
-    }
-    if let Some(description) = body.description {
-        endpoint.description = Some(description);
-    }
-    validate(&endpoint, &state)?;
-    endpoint.updated_at = state.services.clock.now();
-    state.services.store.update_endpoint(&endpoint).await?;
+    let (before, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {
+        if let Some(url) = &body.url {
+            endpoint.url = url.clone();
+        }
+        if let Some(types) = &body.event_types {
+            endpoint.event_types = types.clone();
+        }
+        if let Some(mode) = body.mode {
+            endpoint.mode = mode;
+        }
+        if let Some(retry) = &body.retry {
+            endpoint.retry = retry.clone();
+        }
+        if let Some(timeout) = body.timeout_ms {
+            endpoint.timeout_ms = timeout;
+        }
+        if let Some(cap) = body.max_concurrency {
+            endpoint.max_concurrency = cap;
+        }
+        if let Some(disabled) = body.disabled {
+            endpoint.disabled = disabled;
+            if !disabled {
+                endpoint.disabled_reason = None;
+            }
+        }
+        if let Some(description) = &body.description {
+            endpoint.description = description.clone();
+        }
+        Ok(())
+    })
+    .await?;
     if before.disabled && !endpoint.disabled {
         let resumed = resume_paused(&state.services, &endpoint).await?;
         tracing::info!(resumed, "endpoint re-enabled");
@@ -224,9 +308,12 @@ async fn rotate_secret(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let mut endpoint = load_endpoint(&state, &caller, &id).await?;
-    endpoint.rotate_secret(state.services.clock.now());
-    state.services.store.update_endpoint(&endpoint).await?;
+    let now = state.services.clock.now();
+    let (_, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {
+        endpoint.rotate_secret(now);
+        Ok(())
+    })
+    .await?;
     Ok(Json(endpoint_view(&endpoint)))
 }
 

@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use entrega_core::endpoint::validate_event_type;
+use entrega_core::endpoint::{is_operational, validate_event_type, OPERATIONAL_PREFIX};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::Published;
@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::Caller;
-use super::extract::JsonBody;
+use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::views::{delivery_view, event_view};
 use super::AppState;
@@ -35,6 +35,14 @@ async fn publish(
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let tenant_id = caller.owning_tenant(body.tenant_id)?;
     validate_event_type(&body.event_type).map_err(|e| ApiError::invalid("type", e))?;
+    if is_operational(&body.event_type) {
+        return Err(ApiError::invalid(
+            "type",
+            format!(
+                "types starting with `{OPERATIONAL_PREFIX}` are reserved for Entrega's own events"
+            ),
+        ));
+    }
     let payload = serde_json::to_string(&body.data).expect("a JSON value serialises");
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(ApiError::too_large(MAX_PAYLOAD_BYTES));
@@ -47,13 +55,22 @@ async fn publish(
         created_at: state.services.clock.now(),
     };
     tracing::Span::current().record("event_id", tracing::field::display(&event.id));
+    let backlog = state
+        .services
+        .backlog
+        .tenant_backlog(&event.tenant_id)
+        .await?;
+    if backlog >= state.services.settings.max_backlog {
+        return Err(ApiError::backlog_full(backlog, BACKLOG_RETRY_AFTER_S));
+    }
     match state.services.store.publish(&event).await? {
         Published::Created => {}
-        // Same id again: the same event, nothing sent twice.
-        Published::Existing(existing) if existing.tenant_id == event.tenant_id => {}
+        // Same id again with the same body: the same event, nothing sent twice.
+        Published::Existing(existing) if same_event(&existing, &event) => {}
         Published::Existing(_) => {
             return Err(ApiError::conflict(format!(
-                "event id `{}` is already used",
+                "event id `{}` was already published with a different type or data; \
+                 use a new id for a different event",
                 event.id
             )))
         }
@@ -61,19 +78,43 @@ async fn publish(
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": event.id }))))
 }
 
+/// Whether a re-published event is the one stored: same type, same data (compared as
+/// JSON values, so key order and number spelling do not matter).
+fn same_event(stored: &Event, new: &Event) -> bool {
+    let data = |e: &Event| serde_json::from_str::<Value>(&e.payload).ok();
+    stored.event_type == new.event_type && data(stored) == data(new)
+}
+
+/// How long a client held back by the backlog limit should wait.
+const BACKLOG_RETRY_AFTER_S: u64 = 5;
+
 #[tracing::instrument(skip_all, fields(event_id = %id))]
 async fn get_event(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    query: QueryMap,
 ) -> ApiResult<Json<Value>> {
     let not_found = || ApiError::not_found("event", &id);
-    let event_id: EventId = id.parse().map_err(|_| not_found())?;
-    let event = match state.services.store.get_event(&event_id).await? {
-        Some(e) if caller.can_see(&e.tenant_id) => e,
-        _ => return Err(not_found()),
+    // Event ids are scoped to their tenant: an admin names the tenant.
+    let tenant = match caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?) {
+        Some(t) => t,
+        None => {
+            return Err(ApiError::invalid(
+                "tenant_id",
+                "event ids are per tenant: an admin key must say which tenant's event",
+            ))
+        }
     };
-    let deliveries = state.services.store.deliveries_of_event(&event.id).await?;
+    let event_id: EventId = id.parse().map_err(|_| not_found())?;
+    let Some(event) = state.services.store.get_event(&tenant, &event_id).await? else {
+        return Err(not_found());
+    };
+    let deliveries = state
+        .services
+        .store
+        .deliveries_of_event(&event.tenant_id, &event.id)
+        .await?;
     let mut view = event_view(&event);
     view["deliveries"] = deliveries.iter().map(delivery_view).collect();
     Ok(Json(view))

@@ -18,9 +18,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|_| ApiError::too_large(entrega_core::event::MAX_PAYLOAD_BYTES))?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(MAX_BODY_BYTES)
+            } else {
+                ApiError::bad_request(
+                    "the request body could not be read (broken chunked encoding, or the \
+                     connection ended early)",
+                )
+            }
+        })?;
         parse_json(&bytes).map(JsonBody)
     }
 }
@@ -34,7 +41,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         bytes
     };
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if let Some(field) = missing_field(&inner.to_string()) {
@@ -51,7 +58,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else {
             ApiError::invalid(&path, inner)
         }
-    })
+    })?;
+    // One JSON value and nothing after it: `{…}{…}` or trailing garbage is refused.
+    de.end().map_err(|_| {
+        ApiError::bad_request("the body has data after its JSON value; send exactly one value")
+    })?;
+    Ok(value)
 }
 
 /// serde reports a missing field as "missing field `name`": name it like any other.

@@ -14,7 +14,7 @@ use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::resend::resend_one;
 use super::views::{delivery_view, failure_view};
-use super::{page_limit, AppState};
+use super::{page_cursor, page_limit, AppState};
 
 /// Longest acknowledgement note.
 const MAX_NOTE_LEN: usize = 2_000;
@@ -29,7 +29,7 @@ async fn list_failures(
         tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?),
         acknowledged: query.parse::<bool>("acknowledged", "true or false")?,
         limit: page_limit(&query)?,
-        cursor: query.0.get("cursor").cloned(),
+        cursor: page_cursor::<FailureId>(&query)?,
     };
     let page = state.services.store.list_failures(&q).await?;
     let data: Vec<Value> = page.data.iter().map(failure_view).collect();

@@ -18,9 +18,13 @@ pub mod views;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use entrega_core::conditions::{Component, Conditions};
 use entrega_core::ports::{Services, MAX_PAGE_SIZE};
 use serde_json::json;
 
@@ -40,6 +44,10 @@ pub struct AppState {
     pub targets: Arc<TargetPolicy>,
     /// Per-key API rate limit; `None` turns it off.
     pub limiter: Option<Arc<rate_limit::RateLimiter>>,
+    /// What is failing in this process (`/healthz` reports it).
+    pub conditions: Arc<Conditions>,
+    /// All tenants' waiting work, where the runtime can count it cheaply.
+    pub waiting: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 /// `limit` from the query: 1 to [`MAX_PAGE_SIZE`], default [`DEFAULT_PAGE_SIZE`].
@@ -57,8 +65,59 @@ pub(crate) fn page_limit(query: &QueryMap) -> ApiResult<usize> {
     }
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
+/// The `cursor` query parameter of a list whose rows have ids of type `T`: absent, or
+/// a cursor this list handed out. A made-up or empty one is a 400 naming it, never a
+/// silently different page.
+pub(crate) fn page_cursor<T: std::str::FromStr>(query: &QueryMap) -> ApiResult<Option<String>> {
+    match query.0.get("cursor") {
+        None => Ok(None),
+        Some(c) if c.parse::<T>().is_ok() => Ok(Some(c.clone())),
+        Some(_) => Err(ApiError::bad_parameter(
+            "cursor",
+            "not a cursor of this list; pass the `next_cursor` of the previous page, or omit it",
+        )),
+    }
+}
+
+/// Liveness: `ok`, or `degraded` (503) with what is failing, e.g. a store refusing
+/// writes. Names no tenant: it needs no key.
+async fn healthz(State(state): State<AppState>) -> Response {
+    let failing = state.conditions.current();
+    let waiting = state.waiting.as_ref().map(|w| w());
+    if failing.is_empty() {
+        return Json(json!({ "status": "ok", "waiting": waiting })).into_response();
+    }
+    let reasons: Vec<serde_json::Value> = failing
+        .iter()
+        .map(|f| {
+            json!({
+                "component": f.component,
+                "reason": f.reason,
+                "since": entrega_core::event::format_timestamp(f.since),
+                "occurrences": f.occurrences,
+            })
+        })
+        .collect();
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "status": "degraded", "reasons": reasons, "waiting": waiting })),
+    )
+        .into_response()
+}
+
+/// Store failures behind 503 answers become a condition (logged once, in `/healthz`);
+/// a successful write clears it.
+async fn track_backend(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let writes = request.method() != Method::GET;
+    let response = next.run(request).await;
+    if let Some(problem::BackendFailure(reason)) = response.extensions().get() {
+        state
+            .conditions
+            .failing(Component::Api, reason, state.services.clock.now());
+    } else if writes && response.status().is_success() {
+        state.conditions.recovered(Component::Api);
+    }
+    response
 }
 
 async fn no_route() -> ApiError {
@@ -81,6 +140,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             rate_limit::limit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            track_backend,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

@@ -14,9 +14,20 @@ pub struct ApiError {
     pub detail: String,
     /// The request field at fault, when there is one.
     pub field: Option<String>,
-    /// Seconds to wait, for 429.
+    /// Seconds to wait, for 429 and 503.
     pub retry_after: Option<u64>,
+    /// For a 503: what failed, for the process's conditions (never shown to clients).
+    pub backend_failure: Option<String>,
 }
+
+/// The response extension a 503 carries: what the store said, so a middleware can
+/// track the condition (logged once, reported by `/healthz`) without logging per
+/// request.
+#[derive(Debug, Clone)]
+pub struct BackendFailure(pub String);
+
+/// How long a client should wait after a 503 before retrying.
+pub const BACKEND_RETRY_AFTER_S: u64 = 5;
 
 #[derive(Serialize)]
 struct ProblemBody<'a> {
@@ -37,6 +48,7 @@ impl ApiError {
             detail: detail.into(),
             field: None,
             retry_after: None,
+            backend_failure: None,
         }
     }
 
@@ -47,6 +59,13 @@ impl ApiError {
             "Invalid field",
             format!("`{field}`: {detail}"),
         );
+        e.field = Some(field.to_owned());
+        e
+    }
+
+    /// A query parameter that cannot be used at all (400), named.
+    pub fn bad_parameter(field: &str, detail: impl std::fmt::Display) -> Self {
+        let mut e = Self::bad_request(format!("`{field}`: {detail}"));
         e.field = Some(field.to_owned());
         e
     }
@@ -99,12 +118,30 @@ impl ApiError {
         e
     }
 
-    pub fn internal() -> Self {
-        Self::new(
+    /// The tenant's undelivered backlog is at the limit (429 with `Retry-After`).
+    pub fn backlog_full(backlog: u64, retry_after: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Backlog full",
+            format!(
+                "{backlog} deliveries of this tenant are waiting, the most the server takes \
+                 (--max-backlog); retry in {retry_after} s, once they drain"
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// The store could not do it (503 with `Retry-After`); `reason` stays internal.
+    pub fn backend(reason: impl Into<String>) -> Self {
+        let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "Backend unavailable",
-            "the store did not answer; nothing was lost, retry the request",
-        )
+            "the store could not complete the request; nothing already accepted was lost, retry it",
+        );
+        e.retry_after = Some(BACKEND_RETRY_AFTER_S);
+        e.backend_failure = Some(reason.into());
+        e
     }
 }
 
@@ -112,10 +149,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Conflict(detail) => Self::conflict(detail),
-            StoreError::Backend(detail) => {
-                tracing::error!(error = %detail, "store failure");
-                Self::internal()
-            }
+            StoreError::Backend(detail) => Self::backend(detail),
         }
     }
 }
@@ -141,6 +175,9 @@ impl IntoResponse for ApiError {
         );
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(reason) = self.backend_failure {
+            response.extensions_mut().insert(BackendFailure(reason));
         }
         response
     }

@@ -1,17 +1,18 @@
-//! Per-key API rate limiting: a token bucket per API key (by hash), refilled at N
-//! requests a second up to a burst of 2N; over it, 429 with `Retry-After`. Independent
-//! of webhook delivery, which never waits on it. On Lambda each instance keeps its own
-//! buckets, so the limit there is per instance.
+//! Per-key API rate limiting with `governor` (GCRA, keyed): N requests a second per API
+//! key (by hash) with a burst of 2N; over it, 429 with `Retry-After`. Independent of
+//! webhook delivery, which never waits on it. On Lambda each instance keeps its own
+//! state, so the limit there is per instance.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::num::NonZeroU32;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use entrega_core::tenant::hash_api_key;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
 
 use super::problem::ApiError;
 use super::AppState;
@@ -19,56 +20,39 @@ use super::AppState;
 /// Requests per second per key when the operator sets none.
 pub const DEFAULT_RATE_PER_SECOND: u32 = 50;
 /// The burst is this many seconds' worth of requests.
-const BURST_SECONDS: f64 = 2.0;
-/// Buckets kept at most; idle full ones are dropped first (a flood of made-up keys
-/// must not grow memory without bound).
-const MAX_BUCKETS: usize = 100_000;
-
-struct Bucket {
-    tokens: f64,
-    refilled: Instant,
-}
+const BURST_SECONDS: u32 = 2;
+/// Keys tracked before idle ones are dropped (a flood of made-up keys must not grow
+/// memory without bound).
+const MAX_KEYS: usize = 100_000;
 
 pub struct RateLimiter {
-    per_second: f64,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    limiter: DefaultKeyedRateLimiter<String>,
+    clock: DefaultClock,
 }
 
 impl RateLimiter {
     pub fn new(per_second: u32) -> Self {
+        let rate = NonZeroU32::new(per_second.max(1)).expect("at least 1");
+        let burst = rate.saturating_mul(NonZeroU32::new(BURST_SECONDS).expect("non-zero"));
         Self {
-            per_second: f64::from(per_second.max(1)),
-            buckets: Mutex::new(HashMap::new()),
+            limiter: DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)),
+            clock: DefaultClock::default(),
         }
     }
 
-    fn burst(&self) -> f64 {
-        self.per_second * BURST_SECONDS
-    }
-
-    /// Take a token for `key`; `Err(seconds)` to wait when there is none.
-    pub fn take(&self, key: &str, now: Instant) -> Result<(), u64> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
-            let (rate, burst) = (self.per_second, self.burst());
-            buckets.retain(|_, b| {
-                b.tokens + now.duration_since(b.refilled).as_secs_f64() * rate < burst
-            });
+    /// Spend one request of `key`; `Err(seconds)` to wait when it has none left.
+    pub fn take(&self, key: &str) -> Result<(), u64> {
+        if self.limiter.len() >= MAX_KEYS {
+            // Keys whose bucket is full again carry no state worth keeping.
+            self.limiter.retain_recent();
+            self.limiter.shrink_to_fit();
         }
-        let burst = self.burst();
-        let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
-            tokens: burst,
-            refilled: now,
-        });
-        let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * self.per_second).min(burst);
-        bucket.refilled = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - bucket.tokens) / self.per_second).ceil().max(1.0) as u64)
-        }
+        self.limiter
+            .check_key(&key.to_owned())
+            .map_err(|not_until| {
+                let wait: Duration = not_until.wait_time_from(self.clock.now());
+                wait.as_secs_f64().ceil().max(1.0) as u64
+            })
     }
 }
 
@@ -88,7 +72,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if let (Some(limiter), Some(key)) = (&state.limiter, key) {
-        if let Err(wait) = limiter.take(&hash_api_key(key.trim()), Instant::now()) {
+        if let Err(wait) = limiter.take(&hash_api_key(key.trim())) {
             return ApiError::too_many_requests(wait).into_response();
         }
     }
@@ -98,21 +82,17 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn burst_then_refill_per_key() {
         let limiter = RateLimiter::new(5);
-        let t0 = Instant::now();
         for _ in 0..10 {
-            assert!(limiter.take("a", t0).is_ok());
+            assert!(limiter.take("a").is_ok());
         }
-        assert_eq!(limiter.take("a", t0), Err(1));
-        assert!(limiter.take("b", t0).is_ok(), "keys are independent");
-        assert!(
-            limiter.take("a", t0 + Duration::from_millis(200)).is_ok(),
-            "one token back after 1/5 s"
-        );
-        assert!(limiter.take("a", t0 + Duration::from_millis(200)).is_err());
+        assert_eq!(limiter.take("a"), Err(1));
+        assert!(limiter.take("b").is_ok(), "keys are independent");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(limiter.take("a").is_ok(), "one request back after 1/5 s");
+        assert!(limiter.take("a").is_err());
     }
 }

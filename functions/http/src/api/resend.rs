@@ -74,7 +74,7 @@ struct BatchResend {
     event_type: Option<String>,
     since: Option<DateTime<Utc>>,
     until: Option<DateTime<Utc>>,
-    cursor: Option<String>,
+    cursor: Option<DeliveryId>,
 }
 
 #[tracing::instrument(skip_all)]
@@ -112,8 +112,19 @@ async fn resend_batch(
         }
     }
     let answer = match &body.ids {
-        Some(ids) => by_ids(&state, &caller, ids, &body).await?,
-        None => by_window(&state, &caller, &body).await?,
+        Some(ids) => by_ids(&state, &caller, ids, &body).await,
+        None => by_window(&state, &caller, &body).await,
+    };
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) => {
+            // A refused or failed request resent nothing worth remembering: free its
+            // key so the corrected request can use it at once.
+            if let Some(key) = &remembered {
+                store.forget(&format!("{key}#claim")).await?;
+            }
+            return Err(e);
+        }
     };
     if let Some(key) = &remembered {
         store
@@ -151,7 +162,9 @@ async fn by_ids(
     }
     let mut queued = 0;
     let mut not_found = Vec::new();
-    for raw in ids {
+    // The same id twice is one resend: a second would only supersede the first.
+    let mut seen = std::collections::HashSet::new();
+    for raw in ids.iter().filter(|raw| seen.insert(raw.as_str())) {
         let found = match raw.parse::<DeliveryId>() {
             Ok(id) => state
                 .services
@@ -196,7 +209,7 @@ async fn by_window(state: &AppState, caller: &Caller, body: &BatchResend) -> Api
         since: Some(since),
         until: Some(until),
         limit: PAGE,
-        cursor: body.cursor.clone(),
+        cursor: body.cursor.as_ref().map(ToString::to_string),
     };
     let mut queued = 0;
     loop {

@@ -6,6 +6,10 @@
 //! them (`--allow-target`). The check runs on the address actually connected to (the
 //! resolver below hands reqwest only checked addresses), so a DNS answer that changes
 //! between check and connect cannot slip through.
+//!
+//! IPv6 has many ways to carry an IPv4 address (mapped, translated, NAT64, 6to4,
+//! Teredo, ISATAP, …), and each is classified by the IPv4 address it carries, so that
+//! `[::ffff:0:127.0.0.1]` is refused like `127.0.0.1`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -82,14 +86,24 @@ impl TargetPolicy {
         Ok(url)
     }
 
-    /// Refuse a forbidden address unless an allowlisted range contains it.
+    /// Refuse a forbidden address unless the allowlist covers it: either the target
+    /// itself, as [`canonical`] spells it (so allowlisting `127.0.0.0/8` also admits
+    /// `::ffff:127.0.0.1`), or every address that makes it forbidden (so the address an
+    /// error names is the one to allowlist). The error names the first address that makes
+    /// the target forbidden and is not allowlisted.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), TargetError> {
         let ip = canonical(ip);
-        if !is_forbidden(ip) || self.allowed_ranges.iter().any(|net| net.contains(&ip)) {
-            Ok(())
-        } else {
-            Err(TargetError::ForbiddenAddress(ip))
+        if self.allowlists(ip) {
+            return Ok(());
         }
+        match forbidden_because(ip).find(|&why| !self.allowlists(why)) {
+            Some(why) => Err(TargetError::ForbiddenAddress(why)),
+            None => Ok(()),
+        }
+    }
+
+    fn allowlists(&self, ip: IpAddr) -> bool {
+        self.allowed_ranges.iter().any(|net| net.contains(&ip))
     }
 }
 
@@ -98,8 +112,10 @@ fn is_localhost_name(name: &str) -> bool {
     name == "localhost" || name.ends_with(".localhost")
 }
 
-/// IPv4-mapped and IPv4-compatible IPv6 addresses are their IPv4 address: a guard that
-/// only looked at the IPv6 form would let `[::ffff:127.0.0.1]` through.
+/// An IPv6 form that *is* an IPv4 address becomes that IPv4 address: a guard that only
+/// looked at the IPv6 form would let `[::ffff:127.0.0.1]` through. Tunnelled forms
+/// (6to4, Teredo, ISATAP) stay IPv6: they name an IPv6 host, and their IPv4 addresses
+/// are only where the packets travel.
 pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match embedded_v4(v6) {
@@ -110,28 +126,87 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The IPv4 address an IPv6 address stands for, when connecting to it reaches exactly
+/// that IPv4 host. Each form has a fixed place for the address: the last 32 bits.
 fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = v6.segments();
+    let last32 = v4_from(s[6], s[7]);
     match s {
-        // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible, deprecated)
-        [0, 0, 0, 0, 0, 0xffff, _, _] | [0, 0, 0, 0, 0, 0, _, _]
-            if v6 != Ipv6Addr::UNSPECIFIED && v6 != Ipv6Addr::LOCALHOST =>
-        {
-            let o = v6.octets();
-            Some(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+        // ::ffff:a.b.c.d, IPv4-mapped (RFC 4291 §2.5.5.2): a dual-stack socket's IPv4 peer.
+        [0, 0, 0, 0, 0, 0xffff, _, _] => Some(last32),
+        // ::ffff:0:a.b.c.d, IPv4-translated (RFC 2765 §2.1): an SIIT translator forwards
+        // it to the IPv4 address.
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some(last32),
+        // ::a.b.c.d, IPv4-compatible (RFC 4291 §2.5.5.1, deprecated). :: and ::1 are
+        // IPv6's own unspecified and loopback addresses, and are classified as such.
+        [0, 0, 0, 0, 0, 0, _, _] if v6 != Ipv6Addr::UNSPECIFIED && v6 != Ipv6Addr::LOCALHOST => {
+            Some(last32)
         }
-        // 64:ff9b::/96 NAT64 reaches the embedded IPv4 address.
-        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => {
-            let o = v6.octets();
-            Some(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
-        }
+        // 64:ff9b::a.b.c.d, the well-known NAT64 prefix (RFC 6052 §2.1), which only ever
+        // comes as a /96: a NAT64 gateway forwards to the embedded IPv4 address.
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(last32),
         _ => None,
     }
 }
 
+/// The IPv4 addresses an IPv6 address's packets are tunnelled to or through, by the
+/// transition mechanisms that carry IPv6 over IPv4. The target is the IPv6 host, but a
+/// tenant who puts a loopback or private IPv4 address there aims the tunnel at the
+/// operator's own network, so a forbidden endpoint makes the target forbidden.
+fn tunnel_endpoints(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 4] {
+    let (teredo_server, teredo_client) = teredo(v6).unzip();
+    [six_to_four(v6), teredo_server, teredo_client, isatap(v6)]
+}
+
+/// 6to4 (2002::/16, RFC 3056 §2): the 6to4 router's IPv4 address is bits 16–48, and
+/// packets are encapsulated straight to it.
+fn six_to_four(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    (s[0] == 0x2002).then(|| v4_from(s[1], s[2]))
+}
+
+/// Teredo (2001::/32, RFC 4380 §4): the Teredo server's IPv4 address is bits 32–64 and
+/// the client's is the last 32 bits, inverted so that NATs leave it alone. Returns
+/// `(server, client)`.
+fn teredo(v6: Ipv6Addr) -> Option<(Ipv4Addr, Ipv4Addr)> {
+    let s = v6.segments();
+    (s[0] == 0x2001 && s[1] == 0).then(|| (v4_from(s[2], s[3]), !v4_from(s[6], s[7])))
+}
+
+/// ISATAP (RFC 5214 §6.1): an interface identifier `0:5efe:a.b.c.d`, or `200:5efe:…`
+/// with the universal/local bit set for a global IPv4 address, names the node's IPv4
+/// address under any prefix — the link-local one or a global one a router advertises.
+fn isatap(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    ((s[4] & !0x0200) == 0 && s[5] == 0x5efe).then(|| v4_from(s[6], s[7]))
+}
+
+fn v4_from(high: u16, low: u16) -> Ipv4Addr {
+    Ipv4Addr::from((u32::from(high) << 16) | u32::from(low))
+}
+
 /// Addresses a webhook must never reach by default.
 pub fn is_forbidden(ip: IpAddr) -> bool {
-    match canonical(ip) {
+    forbidden_because(ip).next().is_some()
+}
+
+/// Every address that makes `ip` forbidden, none for a reachable target: the target
+/// itself (as [`canonical`] spells it) if it is in a forbidden range, then each
+/// [`tunnel_endpoints`] address that is.
+fn forbidden_because(ip: IpAddr) -> impl Iterator<Item = IpAddr> {
+    let ip = canonical(ip);
+    let endpoints = match ip {
+        IpAddr::V6(v6) => tunnel_endpoints(v6),
+        IpAddr::V4(_) => [None; 4],
+    };
+    std::iter::once(ip)
+        .chain(endpoints.into_iter().flatten().map(IpAddr::V4))
+        .filter(|&addr| in_forbidden_range(addr))
+}
+
+/// The ranges themselves, with no look inside an IPv6 address for an IPv4 one.
+fn in_forbidden_range(ip: IpAddr) -> bool {
+    match ip {
         IpAddr::V4(v4) => {
             let [a, b, c, _] = v4.octets();
             v4.is_loopback()
@@ -147,23 +222,37 @@ pub fn is_forbidden(ip: IpAddr) -> bool {
                 || a >= 240 // reserved
         }
         IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
+            let s = v6.segments();
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local fc00::/7
-                || (first & 0xffc0) == 0xfe80 // link-local fe80::/10
-                || (first & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
-                || first == 0x2002 && is_forbidden_6to4(v6)
-                || (first == 0x2001 && v6.segments()[1] == 0x0db8) // documentation
+                || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
+                || is_local_nat64(v6)
+                || s[..4] == [0x100, 0, 0, 0] // discard-only 100::/64 (RFC 6666)
+                || s[..3] == [0x2001, 2, 0] // benchmarking 2001:2::/48 (RFC 5180)
+                || (s[0] == 0x2001 && (s[1] & 0xfff0) == 0x20) // ORCHIDv2 2001:20::/28
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation 2001:db8::/32
+                || (s[0] == 0x3fff && (s[1] & 0xf000) == 0) // documentation 3fff::/20
         }
     }
 }
 
-/// 6to4 (2002::/16) carries an IPv4 address in bits 16–48.
-fn is_forbidden_6to4(v6: Ipv6Addr) -> bool {
-    let o = v6.octets();
-    is_forbidden(IpAddr::V4(Ipv4Addr::new(o[2], o[3], o[4], o[5])))
+/// 64:ff9b::/32 outside the well-known /96 (which [`canonical`] has already turned into
+/// its IPv4 address): the local-use prefix 64:ff9b:1::/48 (RFC 8215), and the rest of
+/// the /32, unassigned space where no public address lives.
+//
+// The whole range is refused rather than read. A local-use prefix is by definition a
+// site's own translator, not globally reachable, so it only ever leads into some site's
+// network, like fc00::/7; a public receiver is reachable by its public address anyway.
+// And where the IPv4 address sits depends on a prefix length only that site knows
+// (RFC 6052 §2.2: /48, /56, /64 or /96 within the /48, skipping bits 64–72), so any
+// reading of it would be a guess. An operator whose receivers sit behind such a
+// translator allowlists the range.
+fn is_local_nat64(v6: Ipv6Addr) -> bool {
+    let s = v6.segments();
+    s[0] == 0x64 && s[1] == 0xff9b
 }
 
 #[cfg(test)]
@@ -269,5 +358,304 @@ mod tests {
         );
         assert_eq!(policy.check_url("not a url"), Err(TargetError::Malformed));
         assert!(policy.check_url("https://hooks.example.com/in").is_ok());
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn v4(s: &str) -> IpAddr {
+        IpAddr::V4(s.parse().unwrap())
+    }
+
+    /// Each refused spelling must be forbidden, refused by the strict policy naming
+    /// `culprit`; each allowed spelling must be accepted.
+    fn assert_classified(refused: &[(&str, &str)], allowed: &[&str]) {
+        for &(addr, culprit) in refused {
+            assert!(is_forbidden(ip(addr)), "{addr} should be forbidden");
+            assert_eq!(
+                strict().check_ip(ip(addr)),
+                Err(TargetError::ForbiddenAddress(ip(culprit))),
+                "{addr} should be refused because of {culprit}"
+            );
+        }
+        for &addr in allowed {
+            assert!(!is_forbidden(ip(addr)), "{addr} should be allowed");
+            assert_eq!(
+                strict().check_ip(ip(addr)),
+                Ok(()),
+                "{addr} should be allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_their_ipv4_address() {
+        assert_classified(
+            &[
+                ("::ffff:127.0.0.1", "127.0.0.1"),
+                ("::ffff:7f00:1", "127.0.0.1"),
+                ("::ffff:a9fe:a9fe", "169.254.169.254"),
+                ("::ffff:0.0.0.0", "0.0.0.0"),
+            ],
+            &["::ffff:8.8.8.8", "::ffff:808:808"],
+        );
+        assert_eq!(canonical(ip("::ffff:7f00:1")), v4("127.0.0.1"));
+    }
+
+    #[test]
+    fn ipv4_translated_addresses_are_their_ipv4_address() {
+        assert_classified(
+            &[
+                ("::ffff:0:7f00:1", "127.0.0.1"),
+                ("::ffff:0:127.0.0.1", "127.0.0.1"),
+                ("::ffff:0:a00:1", "10.0.0.1"),
+                ("::ffff:0:169.254.169.254", "169.254.169.254"),
+            ],
+            &["::ffff:0:8.8.8.8", "::ffff:0:101:101"],
+        );
+        assert_eq!(canonical(ip("::ffff:0:127.0.0.1")), v4("127.0.0.1"));
+    }
+
+    #[test]
+    fn ipv4_compatible_addresses_are_their_ipv4_address() {
+        assert_classified(
+            &[
+                ("::127.0.0.1", "127.0.0.1"),
+                ("::7f00:1", "127.0.0.1"),
+                ("::c0a8:101", "192.168.1.1"),
+                ("::0.0.0.2", "0.0.0.2"),
+                // IPv6's own loopback and unspecified addresses, not compatible ones.
+                ("::1", "::1"),
+                ("::", "::"),
+            ],
+            &["::8.8.8.8", "::101:101"],
+        );
+        assert_eq!(canonical(ip("::1")), ip("::1"));
+        assert_eq!(canonical(ip("::")), ip("::"));
+    }
+
+    #[test]
+    fn nat64_well_known_prefix_is_its_ipv4_address() {
+        assert_classified(
+            &[
+                ("64:ff9b::7f00:1", "127.0.0.1"),
+                ("64:ff9b::127.0.0.1", "127.0.0.1"),
+                ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
+                ("64:ff9b::ac10:1", "172.16.0.1"),
+            ],
+            &["64:ff9b::808:808", "64:ff9b::8.8.8.8", "64:ff9b::101:101"],
+        );
+        assert_eq!(canonical(ip("64:ff9b::808:808")), v4("8.8.8.8"));
+    }
+
+    #[test]
+    fn nat64_local_use_prefix_is_refused_whole() {
+        // The local-use /48 is refused whatever it embeds, public IPv4 addresses in every
+        // RFC 6052 position included; so is the rest of 64:ff9b::/32 outside the /96.
+        assert_classified(
+            &[
+                ("64:ff9b:1::7f00:1", "64:ff9b:1::7f00:1"),
+                ("64:ff9b:1::808:808", "64:ff9b:1::808:808"),
+                ("64:ff9b:1:808:8:800::", "64:ff9b:1:808:8:800::"), // /48 reading
+                ("64:ff9b:1:8:8:808::", "64:ff9b:1:8:8:808::"),     // /56 reading
+                ("64:ff9b:1:0:8:808:800:0", "64:ff9b:1:0:8:808:800:0"), // /64 reading
+                (
+                    "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+                    "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+                ),
+                ("64:ff9b:2::808:808", "64:ff9b:2::808:808"),
+                ("64:ff9b:0:0:0:1:808:808", "64:ff9b::1:808:808"),
+            ],
+            &["64:ff9a:ffff:ffff:ffff:ffff:ffff:ffff", "64:ff9c::"],
+        );
+        // An operator whose receivers sit behind a local translator can allowlist it.
+        let policy = TargetPolicy {
+            allowed_ranges: vec!["64:ff9b:1::/48".parse().unwrap()],
+            allow_http: false,
+        };
+        assert_eq!(policy.check_ip(ip("64:ff9b:1::7f00:1")), Ok(()));
+    }
+
+    #[test]
+    fn six_to_four_is_refused_by_its_ipv4_address() {
+        assert_classified(
+            &[
+                ("2002:7f00:1::", "127.0.0.1"),
+                ("2002:a00:1:1::1", "10.0.0.1"),
+                ("2002:a9fe:a9fe:ffff:ffff:ffff:ffff:ffff", "169.254.169.254"),
+                ("2002::1", "0.0.0.0"),
+            ],
+            &[
+                "2002:808:808::",
+                "2002:0808:0808:1::1",
+                "2002:101:101::7f00:1",
+            ],
+        );
+        // The target is the IPv6 host behind the 6to4 router, not the router.
+        assert_eq!(canonical(ip("2002:808:808::")), ip("2002:808:808::"));
+    }
+
+    #[test]
+    fn teredo_is_refused_if_its_server_or_its_client_is_forbidden() {
+        // Client 1.1.1.1 is stored inverted, as fefe:fefe; 127.0.0.1 as 80ff:fffe.
+        assert_classified(
+            &[
+                ("2001:0:7f00:1::fefe:fefe", "127.0.0.1"), // server
+                ("2001:0:a9fe:a9fe:8000:63bf:fefe:fefe", "169.254.169.254"), // server
+                ("2001:0:808:808::80ff:fffe", "127.0.0.1"), // client
+                ("2001:0:808:808:8000:63bf:f5ff:fffe", "10.0.0.1"), // client
+                // RFC 4380's own example: client 192.0.2.45, a documentation address.
+                ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "192.0.2.45"),
+                // Both forbidden: the server is named first.
+                ("2001:0:a00:1::80ff:fffe", "10.0.0.1"),
+            ],
+            &[
+                "2001:0:808:808:8000:63bf:fefe:fefe",
+                // 7f00:1 inverted is 128.255.255.254: a public client, not loopback.
+                "2001:0:808:808::7f00:1",
+            ],
+        );
+        assert_eq!(
+            canonical(ip("2001:0:808:808::80ff:fffe")),
+            ip("2001:0:808:808::80ff:fffe")
+        );
+    }
+
+    #[test]
+    fn isatap_interface_identifiers_are_refused_by_their_ipv4_address() {
+        assert_classified(
+            &[
+                ("2606:4700:1:2:0:5efe:7f00:1", "127.0.0.1"),
+                ("2606:4700:1:2:0:5efe:127.0.0.1", "127.0.0.1"),
+                ("2606:4700:1:2:200:5efe:a00:1", "10.0.0.1"),
+                ("2606:4700:1:2:200:5efe:169.254.169.254", "169.254.169.254"),
+                // Under a 6to4 prefix, the classic ISATAP-behind-6to4 deployment.
+                ("2002:808:808:1:0:5efe:c0a8:101", "192.168.1.1"),
+                // Under a forbidden prefix, the prefix is named first.
+                ("fe80::5efe:7f00:1", "fe80::5efe:7f00:1"),
+            ],
+            &[
+                "2606:4700:1:2:0:5efe:808:808",
+                "2606:4700:1:2:200:5efe:8.8.8.8",
+                "2606:4700:1:2:0:5eff:7f00:1",
+            ],
+        );
+    }
+
+    #[test]
+    fn special_purpose_ipv6_ranges_are_refused() {
+        let refused = [
+            "100::1",
+            "100::ffff:ffff:ffff:ffff",
+            "2001:2::1",
+            "2001:2:0:ffff:ffff:ffff:ffff:ffff",
+            "2001:20::1",
+            "2001:2f:ffff::1",
+            "2001:db8::1",
+            "2001:db8:ffff::1",
+            "3fff::1",
+            "3fff:fff:ffff::1",
+            "fec0::1",
+        ];
+        for addr in refused {
+            assert_eq!(
+                strict().check_ip(ip(addr)),
+                Err(TargetError::ForbiddenAddress(ip(addr))),
+                "{addr} should be refused"
+            );
+        }
+        assert_classified(
+            &[],
+            &[
+                "2606:4700::1111",
+                "2001:4860:4860::8888",
+                "2001:3::1",       // AMT, globally reachable
+                "2001:30::1",      // DRIP, just past ORCHIDv2
+                "2001:db9::1",     // just past 2001:db8::/32
+                "3fff:1000::1",    // just past 3fff::/20
+                "2620:4f:8000::1", // AS112 direct delegation
+            ],
+        );
+    }
+
+    #[test]
+    fn ipv4_hidden_in_ipv6_urls_is_refused() {
+        let policy = TargetPolicy {
+            allowed_ranges: vec![],
+            allow_http: true,
+        };
+        for (url, culprit) in [
+            ("http://[::ffff:0:7f00:1]/", "127.0.0.1"),
+            ("http://[::ffff:0:127.0.0.1]/", "127.0.0.1"),
+            ("http://[64:ff9b:1::7f00:1]/", "64:ff9b:1::7f00:1"),
+            ("http://[64:ff9b::7f00:1]/", "127.0.0.1"),
+            ("http://[2002:7f00:1::]/", "127.0.0.1"),
+            ("http://[2001:0:808:808::80ff:fffe]/", "127.0.0.1"),
+            (
+                "http://[2606:4700:1:2:0:5efe:a9fe:a9fe]/",
+                "169.254.169.254",
+            ),
+            ("http://[100::1]/", "100::1"),
+        ] {
+            assert!(
+                matches!(policy.check_url(url), Err(TargetError::ForbiddenAddress(_))),
+                "{url} should be refused"
+            );
+            assert_eq!(
+                policy.check_url(url),
+                Err(TargetError::ForbiddenAddress(ip(culprit))),
+                "{url} should be refused because of {culprit}"
+            );
+        }
+        for url in [
+            "http://[::ffff:8.8.8.8]/",
+            "http://[64:ff9b::808:808]/",
+            "http://[2002:0808:0808::]/",
+            "http://[2606:4700::1111]/",
+        ] {
+            assert!(policy.check_url(url).is_ok(), "{url} should be allowed");
+        }
+    }
+
+    #[test]
+    fn allowlist_covers_the_target_or_every_address_that_forbids_it() {
+        let loopback = TargetPolicy {
+            allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
+            allow_http: false,
+        };
+        // Forms that are their IPv4 address match the allowlist by it.
+        for addr in [
+            "::ffff:0:7f00:1",
+            "::7f00:1",
+            "64:ff9b::7f00:1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert_eq!(loopback.check_ip(ip(addr)), Ok(()), "{addr}");
+        }
+        // A tunnel whose only forbidden endpoint is allowlisted is let through...
+        assert_eq!(loopback.check_ip(ip("2002:7f00:1::")), Ok(()));
+        assert_eq!(loopback.check_ip(ip("2001:0:808:808::80ff:fffe")), Ok(()));
+        // ...but not when another endpoint, or the prefix, is still forbidden.
+        assert_eq!(
+            loopback.check_ip(ip("2001:0:a00:1::80ff:fffe")),
+            Err(TargetError::ForbiddenAddress(v4("10.0.0.1")))
+        );
+        assert_eq!(
+            loopback.check_ip(ip("2001:db8::5efe:7f00:1")),
+            Err(TargetError::ForbiddenAddress(ip("2001:db8::5efe:7f00:1")))
+        );
+        // The local-use NAT64 prefix is not read, so an IPv4 allowlist does not reach it.
+        assert_eq!(
+            loopback.check_ip(ip("64:ff9b:1::7f00:1")),
+            Err(TargetError::ForbiddenAddress(ip("64:ff9b:1::7f00:1")))
+        );
+        // Allowlisting the IPv6 range admits the tunnelled target whatever it embeds.
+        let six_to_four = TargetPolicy {
+            allowed_ranges: vec!["2002::/16".parse().unwrap()],
+            allow_http: false,
+        };
+        assert_eq!(six_to_four.check_ip(ip("2002:a00:1::")), Ok(()));
+        assert!(six_to_four.check_ip(ip("::ffff:0:a00:1")).is_err());
     }
 }

@@ -1,0 +1,104 @@
+use super::*;
+
+const VIS: Millis = 60_000;
+
+fn ids(handouts: &[Handout]) -> Vec<MessageId> {
+    handouts.iter().map(|h| h.id).collect()
+}
+
+#[test]
+fn receiving_is_round_robin_over_groups_then_over_lanes() {
+    let mut s = Scheduler::new(1);
+    // Tenant a: endpoint x has 1..=3, endpoint y has 10, 11; tenant b: 20, 21.
+    for id in 1..=3 {
+        s.insert(id, "a", Some("x"), 8, 0, 0);
+    }
+    s.insert(10, "a", Some("y"), 8, 0, 0);
+    s.insert(11, "a", Some("y"), 8, 0, 0);
+    s.insert(20, "b", Some("z"), 8, 0, 0);
+    s.insert(21, "b", Some("z"), 8, 0, 0);
+    let got = ids(&s.receive(7, 0, VIS));
+    assert_eq!(got, vec![1, 20, 10, 21, 2, 11, 3]);
+    assert!(s.receive(5, 0, VIS).is_empty());
+}
+
+#[test]
+fn a_saturated_lane_with_a_huge_backlog_never_delays_its_groups_other_lanes() {
+    let mut s = Scheduler::new(1);
+    for id in 0..50_000 {
+        s.insert(id, "tenant", Some("slow"), 1, 0, 0);
+    }
+    let first = s.receive(64, 0, VIS);
+    assert_eq!(ids(&first), vec![0], "the cap of 1 holds");
+    s.insert(1_000_000, "tenant", Some("fast"), 8, 1, 1);
+    assert_eq!(ids(&s.receive(64, 1, VIS)), vec![1_000_000]);
+    assert_eq!(s.group_len("tenant"), 50_001);
+    // The slow lane's slot frees when its message is settled, and only then.
+    assert!(s.receive(64, 2, VIS).is_empty());
+    assert!(s.remove(0, first[0].receipt, 3));
+    assert_eq!(ids(&s.receive(64, 3, VIS)), vec![1]);
+}
+
+#[test]
+fn an_unsettled_message_comes_back_after_its_visibility_and_old_receipts_are_stale() {
+    let mut s = Scheduler::new(1);
+    s.insert(1, "g", Some("k"), 1, 0, 0);
+    let first = s.receive(1, 0, 100)[0];
+    assert!(s.receive(1, 99, 200).is_empty(), "hidden until 100");
+    let second = s.receive(1, 100, 200)[0];
+    assert_eq!(second.id, 1);
+    assert_eq!(second.receive_count, 2);
+    assert_ne!(first.receipt, second.receipt);
+    assert!(
+        !s.remove(1, first.receipt, 101),
+        "a stale receipt deletes nothing"
+    );
+    assert!(!s.change_visibility(1, first.receipt, 5_000, 101));
+    assert!(s.remove(1, second.receipt, 101));
+    assert!(s.is_empty());
+    assert_eq!(s.group_len("g"), 0);
+}
+
+#[test]
+fn delayed_messages_wait_and_a_changed_visibility_frees_the_slot() {
+    let mut s = Scheduler::new(1);
+    s.insert(1, "g", Some("k"), 1, 500, 0);
+    s.insert(2, "g", Some("k"), 1, 0, 0);
+    let got = s.receive(5, 0, VIS);
+    assert_eq!(ids(&got), vec![2], "1 is not visible before 500");
+    // Waiting out a retry delay is not being in flight.
+    assert!(s.change_visibility(2, got[0].receipt, 1_000, 10));
+    assert!(s.receive(5, 499, VIS).is_empty());
+    assert_eq!(ids(&s.receive(5, 500, VIS)), vec![1]);
+    assert!(s.receive(5, 999, VIS).is_empty(), "1 holds the only slot");
+}
+
+#[test]
+fn keyless_messages_are_not_capped() {
+    let mut s = Scheduler::new(1);
+    for id in 0..5 {
+        s.insert(id, "g", None, 0, 0, 0);
+    }
+    assert_eq!(s.receive(10, 0, VIS).len(), 5);
+}
+
+#[test]
+fn a_receipt_stays_valid_after_expiry_until_the_message_is_received_again() {
+    // SQS: the latest receipt handle works even once its visibility has run out.
+    let mut s = Scheduler::new(1);
+    s.insert(1, "g", Some("k"), 1, 0, 0);
+    let h = s.receive(1, 0, 10)[0];
+    assert!(s.receive(1, 5, 20).is_empty());
+    assert_eq!(
+        ids(&s.receive(1, 11, 20)),
+        vec![1],
+        "expired: visible again"
+    );
+    // Received again: the first receipt is stale now.
+    assert!(!s.remove(1, h.receipt, 12));
+    let mut s = Scheduler::new(1);
+    s.insert(1, "g", Some("k"), 1, 0, 0);
+    let h = s.receive(1, 0, 10)[0];
+    let _ = s.receive(0, 11, 20);
+    assert!(s.remove(1, h.receipt, 12), "expired but not received again");
+}
