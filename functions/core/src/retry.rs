@@ -51,11 +51,40 @@ pub struct CustomRetry {
 }
 
 /// What an endpoint asks for: a preset name or a custom schedule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum RetrySpec {
     Preset(RetryPreset),
     Custom(CustomRetry),
+}
+
+/// What a retry spec may be, for error messages.
+const RETRY_SPEC_FORMS: &str = r#""standard", "persistent", "none", or a custom schedule {"delays_s": [seconds, …], "jitter": 0 to 0.5, "retry_4xx": true|false}"#;
+
+/// By hand rather than `untagged`, so a wrong value says what is allowed instead of
+/// "did not match any variant".
+impl<'de> Deserialize<'de> for RetrySpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(name) => match name.as_str() {
+                "standard" => Ok(Self::Preset(RetryPreset::Standard)),
+                "persistent" => Ok(Self::Preset(RetryPreset::Persistent)),
+                "none" => Ok(Self::Preset(RetryPreset::None)),
+                other => Err(D::Error::custom(format!(
+                    "unknown preset `{other}`; expected {RETRY_SPEC_FORMS}"
+                ))),
+            },
+            object @ serde_json::Value::Object(_) => serde_json::from_value(object)
+                .map(Self::Custom)
+                .map_err(|e| {
+                    D::Error::custom(format!("{e}; a custom schedule is {RETRY_SPEC_FORMS}"))
+                }),
+            other => Err(D::Error::custom(format!(
+                "got {other}; expected {RETRY_SPEC_FORMS}"
+            ))),
+        }
+    }
 }
 
 impl Default for RetrySpec {

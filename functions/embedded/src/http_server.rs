@@ -99,6 +99,8 @@ pub async fn serve(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ));
+    let max_connections = connection_cap(max_connections);
+    tracing::debug!(max_connections, "connection cap");
     let connections = Arc::new(Connections::default());
     let started = Instant::now();
     let mut next_id = 0u64;
@@ -184,6 +186,35 @@ pub async fn serve(
         while tasks.join_next().await.is_some() {}
     })
     .await;
+}
+
+/// File descriptors kept for everything but API connections: the database and its
+/// WAL, outgoing webhook connections, the SMTP relay.
+const FILES_RESERVED: u64 = 128;
+
+/// The connection cap that fits the open-file limit: `wanted`, or fewer when the
+/// process may not open that many files (then accept would fail for everyone with
+/// "too many open files" instead of evicting the idle).
+pub fn connection_cap(wanted: usize) -> usize {
+    let files = open_file_limit().unwrap_or(u64::MAX);
+    let room = files.saturating_sub(FILES_RESERVED).max(16);
+    wanted.min(usize::try_from(room).unwrap_or(usize::MAX))
+}
+
+/// The soft limit on open files, where the OS tells it.
+fn open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    // SAFETY: getrlimit only writes the struct passed in.
+    unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            return Some(limit.rlim_cur);
+        }
+    }
+    None
 }
 
 /// Raise the soft limit on open files to the hard limit: each connection is one, and

@@ -176,6 +176,25 @@ where
 /// How long moto may take to start on a busy machine.
 const MOTO_START_LIMIT: Duration = Duration::from_secs(60);
 
+/// The Python that runs moto: `ENTREGA_PYTHON` if set (scripts/test sets it), else
+/// the workspace's virtual environment `.venv/bin/python` if there is one (made by
+/// scripts/python-tools), else `python3` from the PATH.
+pub fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("ENTREGA_PYTHON").filter(|p| !p.is_empty()) {
+        return python.into();
+    }
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("functions/testkit lies two levels under the workspace root");
+    let venv = workspace.join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
 /// A moto server (the local AWS emulator) on a free loopback port, stopped on drop.
 pub struct Moto {
     child: Child,
@@ -195,25 +214,6 @@ impl Moto {
         panic!("moto did not start; is moto[server] installed? scripts/test installs it");
     }
 
-    /// The Python that runs moto: `ENTREGA_PYTHON` if set (scripts/test sets it), else
-    /// the workspace's virtual environment `.venv/bin/python` if there is one (made by
-    /// scripts/python-tools), else `python3` from the PATH.
-    fn python() -> PathBuf {
-        if let Some(python) = std::env::var_os("ENTREGA_PYTHON").filter(|p| !p.is_empty()) {
-            return python.into();
-        }
-        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .nth(2)
-            .expect("functions/testkit lies two levels under the workspace root");
-        let venv = workspace.join(".venv/bin/python");
-        if venv.exists() {
-            venv
-        } else {
-            "python3".into()
-        }
-    }
-
     /// Start on a free port; `None` if the port was taken meanwhile.
     fn try_start() -> Option<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -221,7 +221,7 @@ impl Moto {
             .local_addr()
             .ok()?
             .port();
-        let python = Self::python();
+        let python = python();
         let child = Command::new(&python)
             .args([
                 "-m",

@@ -10,6 +10,14 @@ use serde_json::{json, Value};
 
 pub const ADMIN_KEY: &str = "admin_key_for_tests_0123456789abcdef";
 
+/// The binary under test: this build's, or `ENTREGA_BIN` (to run the suite against a
+/// release build, or an older one to show a regression test fails there).
+pub fn entrega_bin() -> PathBuf {
+    std::env::var_os("ENTREGA_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_entrega")))
+}
+
 /// A running `entrega serve`.
 pub struct Server {
     child: Child,
@@ -29,6 +37,16 @@ impl Server {
 
     /// Start with extra arguments and environment variables.
     pub fn start_env(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(dir, extra, env, None)
+    }
+
+    /// Start with the process's open-file limit (soft and hard) set to `files`, as a
+    /// small machine or a container would have it.
+    pub fn start_with_file_limit(dir: &TempDir, extra: &[&str], files: u32) -> Self {
+        Self::spawn(dir, extra, &[], Some(files))
+    }
+
+    fn spawn(dir: &TempDir, extra: &[&str], env: &[(&str, &str)], files: Option<u32>) -> Self {
         let db = dir.0.join("entrega.db");
         let log = dir.0.join(format!("serve-{}.log", rand::random::<u32>()));
         // Load tests publish hundreds of events a second with one key: lift the API
@@ -38,7 +56,16 @@ impl Server {
         } else {
             &["--api-rate-limit", "100000"]
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
+        let mut command = match files {
+            None => Command::new(entrega_bin()),
+            Some(n) => {
+                let mut c = Command::new("bash");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
+                    .arg(entrega_bin());
+                c
+            }
+        };
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(&db)
             .args(extra)

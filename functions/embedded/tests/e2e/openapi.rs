@@ -21,11 +21,11 @@ async fn the_document_is_valid_and_every_operation_is_routed() {
 
     let file = dir.0.join("openapi.json");
     std::fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-    let out = Command::new("python3")
+    let out = Command::new(entrega_testkit::python())
         .args(["-m", "openapi_spec_validator"])
         .arg(&file)
         .output()
-        .expect("python3 runs (scripts/test installs openapi-spec-validator)");
+        .expect("the test tools' Python runs (scripts/python-tools makes it)");
     assert!(
         out.status.success(),
         "openapi-spec-validator: {}{}",

@@ -8,20 +8,50 @@ use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Delivery, DeliveryStatus};
 use entrega_core::ids::{DeliveryId, EndpointId, TenantId};
 use entrega_core::ports::DeliveryQuery;
-use serde_json::{json, Value};
+use utoipa::IntoParams;
 
 use super::auth::Caller;
 use super::extract::QueryMap;
 use super::problem::{ApiError, ApiResult};
-use super::views::{attempt_view, delivery_view};
+use super::schemas::ProblemResponses;
+use super::views::{AttemptView, DeliveryDetail, DeliveryStatusDoc, DeliveryView, Page};
+
+/// `GET /v1/deliveries` filters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct ListDeliveries {
+    /// Admin only: one tenant's deliveries.
+    #[param(pattern = "^ten_[0-9a-f]{32}$")]
+    tenant_id: Option<String>,
+    #[param(pattern = "^ep_[0-9a-f]{32}$")]
+    endpoint_id: Option<String>,
+    event_type: Option<String>,
+    #[param(inline)]
+    status: Option<DeliveryStatusDoc>,
+    /// Created at or after (RFC 3339).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Created before (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^dlv_[0-9a-f]{32}$")]
+    cursor: Option<String>,
+}
 use super::{page_cursor, page_limit, AppState};
 
+#[utoipa::path(get, path = "/v1/deliveries", tag = "deliveries", params(ListDeliveries),
+    responses((status = 200, description = "The delivery log, newest first", body = Page<DeliveryView>), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all)]
-async fn list_deliveries(
+pub(super) async fn list_deliveries(
     State(state): State<AppState>,
     caller: Caller,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Page<DeliveryView>>> {
     let status = query
         .0
         .get("status")
@@ -49,10 +79,7 @@ async fn list_deliveries(
         cursor: page_cursor::<DeliveryId>(&query)?,
     };
     let page = state.services.store.list_deliveries(&q).await?;
-    let data: Vec<Value> = page.data.iter().map(delivery_view).collect();
-    Ok(Json(
-        json!({ "data": data, "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(Page::of(page, |d| DeliveryView::from(d))))
 }
 
 /// The delivery `raw` names, if the caller may see it.
@@ -69,17 +96,22 @@ pub(super) async fn load_delivery(
     }
 }
 
+#[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
+    params(("id" = String, Path, pattern = "^dlv_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The delivery and every attempt", body = DeliveryDetail), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(delivery_id = %id))]
-async fn get_delivery(
+pub(super) async fn get_delivery(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<DeliveryDetail>> {
     let delivery = load_delivery(&state, &caller, &id).await?;
     let attempts = state.services.store.list_attempts(&delivery.id).await?;
-    let mut view = delivery_view(&delivery);
-    view["attempts"] = attempts.iter().map(attempt_view).collect();
-    Ok(Json(view))
+    Ok(Json(DeliveryDetail {
+        delivery: DeliveryView::from(&delivery),
+        attempts: attempts.iter().map(AttemptView::from).collect(),
+    }))
 }
 
 pub fn router() -> Router<AppState> {

@@ -13,60 +13,99 @@ use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::ports::StoreError;
 use entrega_core::retry::RetrySpec;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
-use super::views::endpoint_view;
+use super::schemas::{DeliveryModeDoc, ProblemResponses, RetrySpecDoc};
+use super::views::{EndpointView, Page};
 use super::{page_cursor, page_limit, AppState};
 
-#[derive(Deserialize)]
+/// A new endpoint.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateEndpoint {
+pub(super) struct CreateEndpoint {
+    /// Where to POST: `https` (or `http` where the operator allows it), checked by
+    /// the SSRF guard.
+    #[schema(max_length = 2048, format = "uri")]
     url: String,
+    /// Event types or `prefix.*` patterns; empty: every type (not Entrega's own).
     #[serde(default)]
+    #[schema(max_items = 100, value_type = Vec<String>, pattern = "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*(\\.\\*)?$")]
     event_types: Vec<String>,
     #[serde(default)]
+    #[schema(value_type = DeliveryModeDoc)]
     mode: DeliveryMode,
     #[serde(default)]
+    #[schema(value_type = RetrySpecDoc)]
     retry: RetrySpec,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(minimum = 100, maximum = 30000, value_type = u32)]
     timeout_ms: Option<u32>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(minimum = 1, maximum = 256, value_type = u32)]
     max_concurrency: Option<u32>,
     #[serde(default)]
     disabled: bool,
+    #[schema(max_length = 1024)]
     description: Option<String>,
+    /// Whose endpoint it is: required with an admin key, the key's own otherwise.
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(value_type = String, pattern = "^ten_[0-9a-f]{32}$")]
     tenant_id: Option<TenantId>,
 }
 
 /// A JSON merge patch: absent fields stay, `description: null` clears it, and a null
 /// for a field that cannot be empty is refused (naming it) rather than ignored.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PatchEndpoint {
+pub(super) struct PatchEndpoint {
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(max_length = 2048, format = "uri", value_type = String)]
     url: Option<String>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(max_items = 100, value_type = Vec<String>, pattern = "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*(\\.\\*)?$")]
     event_types: Option<Vec<String>>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(value_type = DeliveryModeDoc)]
     mode: Option<DeliveryMode>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(value_type = RetrySpecDoc)]
     retry: Option<RetrySpec>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(minimum = 100, maximum = 30000, value_type = u32)]
     timeout_ms: Option<u32>,
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(minimum = 1, maximum = 256, value_type = u32)]
     max_concurrency: Option<u32>,
+    /// `false` re-enables it and resumes its paused deliveries.
     #[serde(default, deserialize_with = "not_null")]
+    #[schema(value_type = bool)]
     disabled: Option<bool>,
+    /// `null` clears it.
     #[serde(default, deserialize_with = "nullable")]
+    #[schema(max_length = 1024, value_type = Option<String>)]
     description: Option<Option<String>>,
 }
 
+/// `GET /v1/endpoints` parameters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct ListEndpoints {
+    /// Admin only: one tenant's endpoints.
+    #[param(pattern = "^ten_[0-9a-f]{32}$")]
+    tenant_id: Option<String>,
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^ep_[0-9a-f]{32}$")]
+    cursor: Option<String>,
+}
+
 /// A field that may be absent but not `null`.
-fn not_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+pub(super) fn not_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
@@ -144,12 +183,15 @@ fn validate(endpoint: &mut Endpoint, state: &AppState) -> ApiResult<()> {
     Ok(())
 }
 
+#[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,
+    responses((status = 201, description = "Created", body = EndpointView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id))]
-async fn create_endpoint(
+pub(super) async fn create_endpoint(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<CreateEndpoint>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<EndpointView>)> {
     let tenant_id = caller.owning_tenant(body.tenant_id)?;
     if state.services.store.get_tenant(&tenant_id).await?.is_none() {
         return Err(ApiError::invalid("tenant_id", "no such tenant"));
@@ -169,15 +211,18 @@ async fn create_endpoint(
     validate(&mut endpoint, &state)?;
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));
     state.services.store.create_endpoint(&endpoint).await?;
-    Ok((StatusCode::CREATED, Json(endpoint_view(&endpoint))))
+    Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))))
 }
 
+#[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints", params(ListEndpoints),
+    responses((status = 200, description = "A page, newest first", body = Page<EndpointView>), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all)]
-async fn list_endpoints(
+pub(super) async fn list_endpoints(
     State(state): State<AppState>,
     caller: Caller,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Page<EndpointView>>> {
     let scope = caller.list_scope(query.parse("tenant_id", "a tenant id")?);
     let limit = page_limit(&query)?;
     let page = state
@@ -189,10 +234,7 @@ async fn list_endpoints(
             page_cursor::<EndpointId>(&query)?.as_deref(),
         )
         .await?;
-    let data: Vec<Value> = page.data.iter().map(endpoint_view).collect();
-    Ok(Json(
-        json!({ "data": data, "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(Page::of(page, |e| EndpointView::from(e))))
 }
 
 /// The endpoint `raw` names, if the caller may see it.
@@ -209,13 +251,17 @@ pub(super) async fn load_endpoint(
     }
 }
 
+#[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path, pattern = "^ep_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The endpoint", body = EndpointView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
-async fn get_endpoint(
+pub(super) async fn get_endpoint(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(endpoint_view(
+) -> ApiResult<Json<EndpointView>> {
+    Ok(Json(EndpointView::from(
         &load_endpoint(&state, &caller, &id).await?,
     )))
 }
@@ -246,13 +292,17 @@ async fn change_endpoint(
     ))
 }
 
+#[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints", request_body = PatchEndpoint,
+    params(("id" = String, Path, pattern = "^ep_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The endpoint as changed", body = EndpointView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
-async fn patch_endpoint(
+pub(super) async fn patch_endpoint(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<PatchEndpoint>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EndpointView>> {
     let (before, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {
         if let Some(url) = &body.url {
             endpoint.url = url.clone();
@@ -288,11 +338,15 @@ async fn patch_endpoint(
         let resumed = resume_paused(&state.services, &endpoint).await?;
         tracing::info!(resumed, "endpoint re-enabled");
     }
-    Ok(Json(endpoint_view(&endpoint)))
+    Ok(Json(EndpointView::from(&endpoint)))
 }
 
+#[utoipa::path(delete, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path, pattern = "^ep_[0-9a-f]{32}$")),
+    responses((status = 204, description = "Deleted; its waiting deliveries end as failed"), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
-async fn delete_endpoint(
+pub(super) async fn delete_endpoint(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
@@ -302,19 +356,23 @@ async fn delete_endpoint(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints",
+    params(("id" = String, Path, pattern = "^ep_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The new secret; the old one signs for 24 h more", body = EndpointView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
-async fn rotate_secret(
+pub(super) async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EndpointView>> {
     let now = state.services.clock.now();
     let (_, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {
         endpoint.rotate_secret(now);
         Ok(())
     })
     .await?;
-    Ok(Json(endpoint_view(&endpoint)))
+    Ok(Json(EndpointView::from(&endpoint)))
 }
 
 pub fn router() -> Router<AppState> {

@@ -9,30 +9,56 @@ use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::Published;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
-use super::views::{delivery_view, event_view};
+use super::schemas::ProblemResponses;
+use super::views::{Accepted, EventView};
 use super::AppState;
 
-#[derive(Deserialize)]
+/// An event to deliver to the tenant's subscribed endpoints.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PublishEvent {
+pub(super) struct PublishEvent {
+    /// Dot-separated; the `entrega.` prefix is reserved.
     #[serde(rename = "type")]
+    #[schema(max_length = 128, pattern = "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$")]
     event_type: String,
+    /// Any JSON, at most 256 KiB; forwarded as the webhook's `data`.
     data: Value,
+    /// Makes publishing idempotent: the same id with the same body again is one event;
+    /// with another body, 409. Scoped to the tenant.
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^[A-Za-z0-9_:-]{1,128}$")]
     id: Option<EventId>,
+    /// Admin keys name the tenant; a tenant key publishes for itself.
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^ten_[0-9a-f]{32}$")]
     tenant_id: Option<TenantId>,
 }
 
+/// `GET /v1/events/{id}` parameters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct EventQuery {
+    /// Admin only, and required for admin: whose event (ids are per tenant).
+    #[param(pattern = "^ten_[0-9a-f]{32}$")]
+    tenant_id: Option<String>,
+}
+
+#[utoipa::path(post, path = "/v1/events", tag = "events", request_body = PublishEvent,
+    responses((status = 202, description = "Accepted: committed to the outbox", body = Accepted), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(event_id))]
-async fn publish(
+pub(super) async fn publish(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<PublishEvent>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
     let tenant_id = caller.owning_tenant(body.tenant_id)?;
     validate_event_type(&body.event_type).map_err(|e| ApiError::invalid("type", e))?;
     if is_operational(&body.event_type) {
@@ -75,7 +101,12 @@ async fn publish(
             )))
         }
     }
-    Ok((StatusCode::ACCEPTED, Json(json!({ "id": event.id }))))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            id: event.id.to_string(),
+        }),
+    ))
 }
 
 /// Whether a re-published event is the one stored: same type, same data (compared as
@@ -88,13 +119,17 @@ fn same_event(stored: &Event, new: &Event) -> bool {
 /// How long a client held back by the backlog limit should wait.
 const BACKLOG_RETRY_AFTER_S: u64 = 5;
 
+#[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
+    params(("id" = String, Path, pattern = "^[A-Za-z0-9_:-]{1,128}$"), EventQuery),
+    responses((status = 200, description = "The event and each of its deliveries", body = EventView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(event_id = %id))]
-async fn get_event(
+pub(super) async fn get_event(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EventView>> {
     let not_found = || ApiError::not_found("event", &id);
     // Event ids are scoped to their tenant: an admin names the tenant.
     let tenant = match caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?) {
@@ -115,9 +150,7 @@ async fn get_event(
         .store
         .deliveries_of_event(&event.tenant_id, &event.id)
         .await?;
-    let mut view = event_view(&event);
-    view["deliveries"] = deliveries.iter().map(delivery_view).collect();
-    Ok(Json(view))
+    Ok(Json(EventView::new(&event, &deliveries)))
 }
 
 pub fn router() -> Router<AppState> {

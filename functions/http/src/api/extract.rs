@@ -32,16 +32,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
-/// Parse `bytes` as `T`; an empty body reads as `{}` (for routes whose fields are
-/// all optional).
+/// Parse `bytes` as `T`. Two steps, so the status says whose fault it is: no body,
+/// or text that is not one JSON object (or has data after it), is a 400; valid JSON
+/// the route cannot take is a 422 naming the field (`"mode": null` included).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
-    };
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "this route takes a JSON object body (`{}` when every field is left out)",
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() || e.is_syntax() {
+            ApiError::bad_request(format!(
+                "the body is not one valid JSON value (nothing may follow it): {e}"
+            ))
+        } else {
+            ApiError::bad_request(format!("the body is not valid JSON: {e}"))
+        }
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if let Some(field) = missing_field(&inner.to_string()) {
@@ -51,19 +63,21 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 format!("{path}.{field}")
             };
             ApiError::invalid(&field, "is required")
-        } else if path == "." || inner.is_syntax() || inner.is_eof() {
-            ApiError::bad_request(format!(
-                "the body is not valid JSON for this route: {inner}"
-            ))
+        } else if path == "." {
+            match unknown_field(&inner.to_string()) {
+                Some(field) => ApiError::invalid(&field, "is not a field of this route"),
+                None => ApiError::bad_request(format!("the body does not fit this route: {inner}")),
+            }
         } else {
             ApiError::invalid(&path, inner)
         }
-    })?;
-    // One JSON value and nothing after it: `{…}{…}` or trailing garbage is refused.
-    de.end().map_err(|_| {
-        ApiError::bad_request("the body has data after its JSON value; send exactly one value")
-    })?;
-    Ok(value)
+    })
+}
+
+/// serde reports an unknown field as "unknown field `name`, expected …".
+fn unknown_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(rest.split('`').next()?.to_owned())
 }
 
 /// serde reports a missing field as "missing field `name`": name it like any other.

@@ -7,24 +7,45 @@ use axum::{Json, Router};
 use entrega_core::failure::{Failure, FailureQuery};
 use entrega_core::ids::{FailureId, TenantId};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::resend::resend_one;
-use super::views::{delivery_view, failure_view};
+use super::schemas::ProblemResponses;
+use super::views::{DeliveryView, FailureView, Page};
+
+/// `GET /v1/failures` filters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct ListFailures {
+    /// Admin only: one tenant's failures.
+    #[param(pattern = "^ten_[0-9a-f]{32}$")]
+    tenant_id: Option<String>,
+    /// `false`: only those nobody has acknowledged.
+    acknowledged: Option<bool>,
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^fail_[0-9a-f]{32}$")]
+    cursor: Option<String>,
+}
 use super::{page_cursor, page_limit, AppState};
 
 /// Longest acknowledgement note.
 const MAX_NOTE_LEN: usize = 2_000;
 
+#[utoipa::path(get, path = "/v1/failures", tag = "failures", params(ListFailures),
+    responses((status = 200, description = "Dead-letter records, newest first", body = Page<FailureView>), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all)]
-async fn list_failures(
+pub(super) async fn list_failures(
     State(state): State<AppState>,
     caller: Caller,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Page<FailureView>>> {
     let q = FailureQuery {
         tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?),
         acknowledged: query.parse::<bool>("acknowledged", "true or false")?,
@@ -32,10 +53,7 @@ async fn list_failures(
         cursor: page_cursor::<FailureId>(&query)?,
     };
     let page = state.services.store.list_failures(&q).await?;
-    let data: Vec<Value> = page.data.iter().map(failure_view).collect();
-    Ok(Json(
-        json!({ "data": data, "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(Page::of(page, |f| FailureView::from(f))))
 }
 
 async fn load_failure(state: &AppState, caller: &Caller, raw: &str) -> ApiResult<Failure> {
@@ -47,24 +65,32 @@ async fn load_failure(state: &AppState, caller: &Caller, raw: &str) -> ApiResult
     }
 }
 
+#[utoipa::path(get, path = "/v1/failures/{id}", tag = "failures",
+    params(("id" = String, Path, pattern = "^fail_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The record: payload, every attempt's time, last error", body = FailureView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(failure_id = %id))]
-async fn get_failure(
+pub(super) async fn get_failure(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(failure_view(
+) -> ApiResult<Json<FailureView>> {
+    Ok(Json(FailureView::from(
         &load_failure(&state, &caller, &id).await?,
     )))
 }
 
 /// The support desk's "resend button": the failed delivery, tried again now.
+#[utoipa::path(post, path = "/v1/failures/{id}/resend", tag = "failures",
+    params(("id" = String, Path, pattern = "^fail_[0-9a-f]{32}$")),
+    responses((status = 202, description = "The failed delivery, queued again now", body = DeliveryView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(failure_id = %id))]
-async fn resend_failure(
+pub(super) async fn resend_failure(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<DeliveryView>)> {
     let failure = load_failure(&state, &caller, &id).await?;
     let delivery = state
         .services
@@ -73,24 +99,31 @@ async fn resend_failure(
         .await?
         .ok_or_else(|| ApiError::conflict("the delivery of this failure is past retention"))?;
     let resent = resend_one(&state, &caller, &delivery).await?;
-    Ok((StatusCode::ACCEPTED, Json(delivery_view(&resent))))
+    Ok((StatusCode::ACCEPTED, Json(DeliveryView::from(&resent))))
 }
 
-#[derive(Deserialize)]
+/// An acknowledgement, with an optional note (who fixed what).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Ack {
-    #[serde(default)]
-    note: String,
+pub(super) struct Ack {
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(max_length = 2000, value_type = String)]
+    note: Option<String>,
 }
 
+#[utoipa::path(post, path = "/v1/failures/{id}/ack", tag = "failures", request_body = Ack,
+    params(("id" = String, Path, pattern = "^fail_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The record, acknowledged", body = FailureView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(failure_id = %id))]
-async fn ack_failure(
+pub(super) async fn ack_failure(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<Ack>,
-) -> ApiResult<Json<Value>> {
-    if body.note.len() > MAX_NOTE_LEN {
+) -> ApiResult<Json<FailureView>> {
+    let note = body.note.unwrap_or_default();
+    if note.len() > MAX_NOTE_LEN {
         return Err(ApiError::invalid(
             "note",
             format!("at most {MAX_NOTE_LEN} bytes"),
@@ -100,10 +133,10 @@ async fn ack_failure(
     let acked = state
         .services
         .store
-        .acknowledge_failure(&failure.id, &body.note, state.services.clock.now())
+        .acknowledge_failure(&failure.id, &note, state.services.clock.now())
         .await?
         .ok_or_else(|| ApiError::not_found("failure", &id))?;
-    Ok(Json(failure_view(&acked)))
+    Ok(Json(FailureView::from(&acked)))
 }
 
 pub fn router() -> Router<AppState> {

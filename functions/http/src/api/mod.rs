@@ -8,10 +8,10 @@ pub mod events;
 pub mod extract;
 pub mod failures;
 pub mod openapi;
-mod openapi_schemas;
 pub mod problem;
 pub mod rate_limit;
 pub mod resend;
+pub mod schemas;
 pub mod stats;
 pub mod tenants;
 pub mod views;
@@ -26,7 +26,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use entrega_core::conditions::{Component, Conditions};
 use entrega_core::ports::{Services, MAX_PAGE_SIZE};
-use serde_json::json;
 
 use crate::transport::TargetPolicy;
 use extract::{QueryMap, MAX_BODY_BYTES};
@@ -81,28 +80,35 @@ pub(crate) fn page_cursor<T: std::str::FromStr>(query: &QueryMap) -> ApiResult<O
 
 /// Liveness: `ok`, or `degraded` (503) with what is failing, e.g. a store refusing
 /// writes. Names no tenant: it needs no key.
-async fn healthz(State(state): State<AppState>) -> Response {
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses(
+        (status = 200, description = "Serving", body = views::Health),
+        (status = 503, description = "Degraded: something is failing (see `reasons`)", body = views::Health),
+    ))]
+pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
     let failing = state.conditions.current();
-    let waiting = state.waiting.as_ref().map(|w| w());
-    if failing.is_empty() {
-        return Json(json!({ "status": "ok", "waiting": waiting })).into_response();
-    }
-    let reasons: Vec<serde_json::Value> = failing
-        .iter()
-        .map(|f| {
-            json!({
-                "component": f.component,
-                "reason": f.reason,
-                "since": entrega_core::event::format_timestamp(f.since),
-                "occurrences": f.occurrences,
+    let health = views::Health {
+        status: if failing.is_empty() { "ok" } else { "degraded" }.to_owned(),
+        waiting: state.waiting.as_ref().map(|w| w()),
+        reasons: failing
+            .iter()
+            .map(|f| views::HealthReason {
+                component: serde_json::to_value(f.component)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                reason: f.reason.clone(),
+                since: entrega_core::event::format_timestamp(f.since),
+                occurrences: f.occurrences,
             })
-        })
-        .collect();
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "status": "degraded", "reasons": reasons, "waiting": waiting })),
-    )
-        .into_response()
+            .collect(),
+    };
+    let status = if failing.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(health)).into_response()
 }
 
 /// Store failures behind 503 answers become a condition (logged once, in `/healthz`);

@@ -18,13 +18,14 @@ use entrega_core::handlers::resend::{resend_delivery, ResendError};
 use entrega_core::ids::{DeliveryId, EndpointId};
 use entrega_core::ports::DeliveryQuery;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::deliveries::load_delivery;
 use super::extract::JsonBody;
 use super::problem::{ApiError, ApiResult};
-use super::views::delivery_view;
+use super::schemas::ProblemResponses;
+use super::views::{BatchResent, DeliveryStatusDoc, DeliveryView};
 use super::AppState;
 
 /// Most deliveries one batch request resends (by ids, or per page of a window).
@@ -54,36 +55,60 @@ pub(super) async fn resend_one(
         })
 }
 
+#[utoipa::path(post, path = "/v1/deliveries/{id}/resend", tag = "deliveries",
+    params(("id" = String, Path, pattern = "^dlv_[0-9a-f]{32}$")),
+    responses((status = 202, description = "Queued now: a new generation, same webhook-id", body = DeliveryView), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(delivery_id = %id))]
-async fn resend_single(
+pub(super) async fn resend_single(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<DeliveryView>)> {
     let delivery = load_delivery(&state, &caller, &id).await?;
     let resent = resend_one(&state, &caller, &delivery).await?;
-    Ok((StatusCode::ACCEPTED, Json(delivery_view(&resent))))
+    Ok((StatusCode::ACCEPTED, Json(DeliveryView::from(&resent))))
 }
 
-#[derive(Deserialize)]
+/// A batch: `ids` (at most 1 000), or a filter with a window of at most 14 days.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchResend {
+pub(super) struct BatchResend {
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(min_items = 1, max_items = 1000, value_type = Vec<String>)]
     ids: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^ep_[0-9a-f]{32}$")]
     endpoint_id: Option<EndpointId>,
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = DeliveryStatusDoc)]
     status: Option<DeliveryStatus>,
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String)]
     event_type: Option<String>,
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, format = DateTime)]
     since: Option<DateTime<Utc>>,
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, format = DateTime)]
     until: Option<DateTime<Utc>>,
+    /// The `next_cursor` of the previous answer.
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^dlv_[0-9a-f]{32}$")]
     cursor: Option<DeliveryId>,
 }
 
+#[utoipa::path(post, path = "/v1/deliveries/resend", tag = "deliveries", request_body = BatchResend,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the first answer and resends nothing twice")),
+    responses((status = 200, description = "What was queued, and where to continue", body = BatchResent), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all)]
-async fn resend_batch(
+pub(super) async fn resend_batch(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
     JsonBody(body): JsonBody<BatchResend>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BatchResent>> {
     let idempotency = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -99,7 +124,10 @@ async fn resend_batch(
     if let Some(key) = &remembered {
         // The same request again: the same answer, nothing resent twice.
         if let Some(answer) = store.recall(&format!("{key}#answer")).await? {
-            return Ok(Json(serde_json::from_str(&answer).unwrap_or(Value::Null)));
+            let answer: BatchResent = serde_json::from_str(&answer).map_err(|e| {
+                ApiError::backend(format!("a remembered answer is unreadable: {e}"))
+            })?;
+            return Ok(Json(answer));
         }
         if store
             .remember_once(&format!("{key}#claim"), "1", CLAIM_TTL)
@@ -130,7 +158,7 @@ async fn resend_batch(
         store
             .remember_once(
                 &format!("{key}#answer"),
-                &answer.to_string(),
+                &serde_json::to_string(&answer).expect("an answer serialises"),
                 IDEMPOTENCY_TTL,
             )
             .await?;
@@ -143,7 +171,7 @@ async fn by_ids(
     caller: &Caller,
     ids: &[String],
     body: &BatchResend,
-) -> ApiResult<Value> {
+) -> ApiResult<BatchResent> {
     if body.endpoint_id.is_some()
         || body.status.is_some()
         || body.since.is_some()
@@ -182,10 +210,18 @@ async fn by_ids(
             None => not_found.push(raw.clone()),
         }
     }
-    Ok(json!({ "queued": queued, "not_found": not_found, "next_cursor": null }))
+    Ok(BatchResent {
+        queued: queued as u64,
+        not_found,
+        next_cursor: None,
+    })
 }
 
-async fn by_window(state: &AppState, caller: &Caller, body: &BatchResend) -> ApiResult<Value> {
+async fn by_window(
+    state: &AppState,
+    caller: &Caller,
+    body: &BatchResend,
+) -> ApiResult<BatchResent> {
     let (Some(since), Some(until)) = (body.since, body.until) else {
         return Err(ApiError::invalid(
             "since",
@@ -223,7 +259,11 @@ async fn by_window(state: &AppState, caller: &Caller, body: &BatchResend) -> Api
             break;
         }
     }
-    Ok(json!({ "queued": queued, "next_cursor": query.cursor }))
+    Ok(BatchResent {
+        queued: queued as u64,
+        not_found: Vec::new(),
+        next_cursor: query.cursor,
+    })
 }
 
 pub fn router() -> Router<AppState> {

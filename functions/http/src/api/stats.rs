@@ -6,11 +6,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use entrega_core::delivery::Attempt;
 use entrega_core::event::format_timestamp;
-use serde_json::{json, Value};
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::endpoints::load_endpoint;
 use super::problem::ApiResult;
+use super::schemas::ProblemResponses;
 use super::AppState;
 
 /// The window the statistics cover.
@@ -27,7 +29,26 @@ fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
     sorted.get(rank - 1).copied()
 }
 
-pub fn summarize(attempts: &[Attempt]) -> Value {
+/// One endpoint's last 24 hours.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointStats {
+    pub endpoint_id: String,
+    #[schema(format = DateTime)]
+    pub window_start: String,
+    pub attempts: usize,
+    pub delivered: usize,
+    pub failed: usize,
+    pub median_ms: Option<u64>,
+    pub p95_ms: Option<u64>,
+    pub last_error: Option<String>,
+    #[schema(format = DateTime)]
+    pub last_error_at: Option<String>,
+    /// More attempts than one request reads; the figures cover the newest.
+    pub truncated: bool,
+}
+
+/// The figures of `attempts`, for `endpoint` since `since`.
+pub fn summarize(endpoint: &str, since: String, attempts: &[Attempt]) -> EndpointStats {
     let succeeded = attempts.iter().filter(|a| a.failure_kind.is_none()).count();
     let mut durations: Vec<u64> = attempts.iter().map(|a| a.duration_ms).collect();
     durations.sort_unstable();
@@ -35,24 +56,30 @@ pub fn summarize(attempts: &[Attempt]) -> Value {
         .iter()
         .filter(|a| a.error.is_some())
         .max_by_key(|a| a.started_at);
-    json!({
-        "attempts": attempts.len(),
-        "delivered": succeeded,
-        "failed": attempts.len() - succeeded,
-        "median_ms": quantile(&durations, 0.5),
-        "p95_ms": quantile(&durations, 0.95),
-        "last_error": last_failure.and_then(|a| a.error.clone()),
-        "last_error_at": last_failure.map(|a| format_timestamp(a.started_at)),
-        "truncated": attempts.len() >= MAX_ATTEMPTS_READ,
-    })
+    EndpointStats {
+        endpoint_id: endpoint.to_owned(),
+        window_start: since,
+        attempts: attempts.len(),
+        delivered: succeeded,
+        failed: attempts.len() - succeeded,
+        median_ms: quantile(&durations, 0.5),
+        p95_ms: quantile(&durations, 0.95),
+        last_error: last_failure.and_then(|a| a.error.clone()),
+        last_error_at: last_failure.map(|a| format_timestamp(a.started_at)),
+        truncated: attempts.len() >= MAX_ATTEMPTS_READ,
+    }
 }
 
+#[utoipa::path(get, path = "/v1/endpoints/{id}/stats", tag = "endpoints",
+    params(("id" = String, Path, pattern = "^ep_[0-9a-f]{32}$")),
+    responses((status = 200, description = "Attempts, outcomes and response times of the last 24 h", body = EndpointStats), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(endpoint_id = %id))]
-async fn endpoint_stats(
+pub(super) async fn endpoint_stats(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EndpointStats>> {
     let endpoint = load_endpoint(&state, &caller, &id).await?;
     let since = state.services.clock.now() - WINDOW;
     let attempts = state
@@ -60,10 +87,11 @@ async fn endpoint_stats(
         .store
         .endpoint_attempts_since(&endpoint.id, since, MAX_ATTEMPTS_READ)
         .await?;
-    let mut stats = summarize(&attempts);
-    stats["endpoint_id"] = json!(endpoint.id);
-    stats["window_start"] = json!(format_timestamp(since));
-    Ok(Json(stats))
+    Ok(Json(summarize(
+        endpoint.id.as_str(),
+        format_timestamp(since),
+        &attempts,
+    )))
 }
 
 pub fn router() -> Router<AppState> {

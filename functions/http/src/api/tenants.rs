@@ -8,12 +8,13 @@ use entrega_core::ids::TenantId;
 use entrega_core::ports::StoreError;
 use entrega_core::tenant::{generate_api_key, hash_api_key, Tenant};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::extract::JsonBody;
 use super::problem::{ApiError, ApiResult};
-use super::views::tenant_view;
+use super::schemas::ProblemResponses;
+use super::views::{TenantCreated, TenantView};
 use super::AppState;
 
 /// Longest tenant name.
@@ -21,20 +22,30 @@ const MAX_NAME_LEN: usize = 200;
 /// Longest e-mail address (RFC 5321 path limit).
 const MAX_EMAIL_LEN: usize = 254;
 
-#[derive(Deserialize)]
+/// A new tenant (admin).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateTenant {
+pub(super) struct CreateTenant {
+    #[schema(min_length = 1, max_length = 200)]
     name: String,
+    /// Where owner notices go.
+    #[schema(max_length = 254, format = Email)]
     owner_email: String,
+    /// Choose the id (`ten_` + 32 hex); generated otherwise.
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^ten_[0-9a-f]{32}$")]
     id: Option<TenantId>,
 }
 
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", request_body = CreateTenant,
+    responses((status = 201, description = "Created; the API key is shown only here", body = TenantCreated), ProblemResponses),
+    security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(tenant_id))]
-async fn create_tenant(
+pub(super) async fn create_tenant(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<CreateTenant>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<TenantCreated>)> {
     caller.require_admin()?;
     let name = body.name.trim();
     if name.is_empty() || name.len() > MAX_NAME_LEN {
@@ -72,7 +83,10 @@ async fn create_tenant(
     }
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "tenant": tenant_view(&tenant), "api_key": api_key })),
+        Json(TenantCreated {
+            tenant: TenantView::from(&tenant),
+            api_key,
+        }),
     ))
 }
 

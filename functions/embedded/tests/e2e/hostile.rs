@@ -1,0 +1,547 @@
+//! The hostile test's findings, each a regression test: what the API confirmed stays
+//! done, one server per database file, fairness inside a tenant, backpressure, and
+//! the input that used to be accepted or answered unclearly.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+use crate::harness::*;
+
+/// Confirmed endpoint changes are never undone by the worker's health bookkeeping,
+/// even while the endpoint fails half its requests at a high rate.
+#[tokio::test(flavor = "multi_thread")]
+async fn confirmed_endpoint_changes_are_never_undone_by_the_worker() {
+    let dir = TempDir::new("lost-updates");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    // Alternating failure and success: every attempt is a health transition.
+    let script: Vec<Reply> = (0..4000)
+        .map(|i| Reply::status(if i % 2 == 0 { 500 } else { 200 }))
+        .collect();
+    let receiver = Receiver::start(script, Reply::status(200)).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "retry": {"delays_s": [1, 1, 1], "jitter": 0}, "max_concurrency": 32}))
+        .await;
+    let path = format!("/v1/endpoints/{}", ep["id"].as_str().unwrap());
+    let publisher = {
+        let acme = acme.clone();
+        tokio::spawn(async move {
+            for i in 0..600 {
+                acme.publish("load.x", json!({ "i": i })).await;
+            }
+        })
+    };
+    let mut confirmed = Vec::new();
+    for i in 0..60 {
+        let (status, body) = match i % 3 {
+            0 => {
+                acme.call(
+                    "PATCH",
+                    &path,
+                    Some(json!({"description": format!("d{i}")})),
+                )
+                .await
+            }
+            1 => acme.post(&format!("{path}/rotate-secret"), json!({})).await,
+            _ => {
+                acme.call("PATCH", &path, Some(json!({"timeout_ms": 1000 + i})))
+                    .await
+            }
+        };
+        assert_eq!(status, 200, "{body}");
+        confirmed.push(body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (_, now) = acme.get(&path).await;
+        let last = confirmed.last().unwrap();
+        for field in ["description", "secret", "timeout_ms"] {
+            assert_eq!(
+                now[field], last[field],
+                "{field} was undone after write {i}"
+            );
+        }
+    }
+    publisher.await.unwrap();
+    assert!(receiver.count() > 50, "the worker was busy meanwhile");
+}
+
+/// A second server through a symlink or a hard link to the same file is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_server_through_a_link_to_the_same_database_is_refused() {
+    let dir = TempDir::new("links");
+    let _first = Server::start(&dir);
+    let db = dir.0.join("entrega.db");
+    let symlink = dir.0.join("symlink.db");
+    let hardlink = dir.0.join("hardlink.db");
+    std::os::unix::fs::symlink(&db, &symlink).unwrap();
+    std::fs::hard_link(&db, &hardlink).unwrap();
+    for link in [&db, &symlink, &hardlink] {
+        let out = std::process::Command::new(entrega_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(link)
+            .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{} was served twice", link.display());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("another entrega process is using the database"),
+            "{err}"
+        );
+    }
+}
+
+/// One saturated endpoint's backlog does not hold back the same tenant's other
+/// endpoint (it took 137 s with 400 queued before the lane scheduler).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_saturated_endpoint_does_not_stall_its_tenants_other_endpoint() {
+    let dir = TempDir::new("lanes");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let slow = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(1))).await;
+    let fast = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": slow.url("/"), "event_types": ["slow.x"], "max_concurrency": 1}))
+        .await;
+    acme.endpoint(json!({"url": fast.url("/"), "event_types": ["fast.x"]}))
+        .await;
+    for i in 0..400 {
+        acme.publish("slow.x", json!({ "i": i })).await;
+    }
+    eventually(Duration::from_secs(10), "the backlog queued", || async {
+        (slow.count() >= 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    acme.publish("fast.x", json!({})).await;
+    eventually(
+        Duration::from_secs(10),
+        "the fast endpoint's event",
+        || async { (fast.count() == 1).then_some(()) },
+    )
+    .await;
+    let waited = started.elapsed();
+    assert!(slow.count() < 30, "the slow endpoint is still backlogged");
+    eprintln!("fast endpoint beside 400 queued: {waited:?}");
+}
+
+/// A resend while the first attempt is running keeps both attempts in the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resend_during_an_attempt_keeps_both_attempts() {
+    let dir = TempDir::new("resend-race");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(
+        vec![],
+        Reply::status(200).after(Duration::from_millis(1500)),
+    )
+    .await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let evt = acme.publish("a.b", json!({})).await;
+    eventually(Duration::from_secs(5), "the first attempt", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let dlv = acme.deliveries_of(&evt).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = acme
+        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let attempts = eventually(Duration::from_secs(10), "both attempts logged", || async {
+        let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
+        let attempts = d["attempts"].as_array().unwrap().clone();
+        (attempts.len() == 2 && d["status"] == "delivered").then_some(attempts)
+    })
+    .await;
+    assert_eq!(receiver.count(), 2);
+    let generations: Vec<_> = attempts.iter().map(|a| a["generation"].clone()).collect();
+    assert_eq!(generations, vec![json!(0), json!(1)]);
+}
+
+/// Past `--max-backlog` publishing answers 429 with `Retry-After`; nothing accepted is
+/// lost; `/metrics` and `/healthz` show the backlog.
+#[tokio::test(flavor = "multi_thread")]
+async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lost() {
+    let dir = TempDir::new("backlog");
+    let server = Server::start_with(
+        &dir,
+        &[
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+            "--max-backlog",
+            "20",
+        ],
+    );
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let (_, other) = server.admin().tenant("Other").await;
+    let receiver = Receiver::answering(503).await;
+    acme.endpoint(json!({"url": receiver.url("/"), "retry": "persistent"}))
+        .await;
+    let (mut accepted, mut refused) = (Vec::new(), 0);
+    for i in 0..60 {
+        let resp = acme
+            .client
+            .post(format!("{}/v1/events", acme.base))
+            .bearer_auth(&acme.key)
+            .json(&json!({"type": "a.b", "data": {"i": i}}))
+            .send()
+            .await
+            .unwrap();
+        match resp.status().as_u16() {
+            202 => accepted.push(resp.json::<Value>().await.unwrap()["id"].clone()),
+            429 => {
+                assert!(resp.headers().contains_key("retry-after"));
+                refused += 1;
+            }
+            s => panic!("unexpected {s}"),
+        }
+    }
+    assert!(
+        refused > 0 && accepted.len() >= 20,
+        "{} accepted, {refused} refused",
+        accepted.len()
+    );
+    // Another tenant is not held back by this one's backlog.
+    assert_eq!(
+        other
+            .post("/v1/events", json!({"type": "a.b", "data": {}}))
+            .await
+            .0,
+        202
+    );
+    let (_, health) = server.admin().get("/healthz").await;
+    assert!(health["waiting"].as_u64().unwrap() >= 20, "{health}");
+    let metrics = server
+        .admin()
+        .client
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("entrega_backlog{"), "{metrics}");
+    assert!(
+        metrics.contains("entrega_response_seconds_bucket"),
+        "{metrics}"
+    );
+    // Every accepted event has its delivery.
+    for id in &accepted {
+        let id = id.as_str().unwrap();
+        eventually(
+            Duration::from_secs(10),
+            "a delivery per accepted event",
+            || async { (!acme.deliveries_of(id).await.is_empty()).then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// A database at its size limit: publishing answers 503 with `Retry-After`, loses
+/// nothing accepted, `/healthz` says degraded, and the log says so once, not in a flood.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_database_degrades_cleanly_without_flooding_the_log() {
+    let dir = TempDir::new("full");
+    let server = Server::start_with(
+        &dir,
+        &[
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+            "--max-db-size-mb",
+            "1",
+        ],
+    );
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let blob = "x".repeat(60_000);
+    let mut accepted = Vec::new();
+    let mut full = false;
+    for i in 0..200 {
+        let resp = acme
+            .client
+            .post(format!("{}/v1/events", acme.base))
+            .bearer_auth(&acme.key)
+            .json(&json!({"type": "a.b", "data": {"i": i, "blob": blob}}))
+            .send()
+            .await
+            .unwrap();
+        match resp.status().as_u16() {
+            202 => accepted.push(
+                resp.json::<Value>().await.unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            ),
+            503 => {
+                assert!(resp.headers().contains_key("retry-after"));
+                full = true;
+                break;
+            }
+            s => panic!("unexpected {s}: {}", resp.text().await.unwrap()),
+        }
+    }
+    assert!(full, "the 1 MiB limit was never reached");
+    let (status, health) = server.admin().get("/healthz").await;
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["status"], "degraded");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    let errors = log.lines().filter(|l| l.contains("ERROR")).count();
+    assert!(errors < 20, "{errors} ERROR lines in 3 s:\n{log}");
+    // What was accepted stays readable.
+    for id in accepted.iter().take(3) {
+        assert_eq!(acme.get(&format!("/v1/events/{id}")).await.0, 200);
+    }
+}
+
+/// Half-open connections (headers never finished) do not starve the server, even
+/// past its open-file limit: the connection cap stays below that limit, and at the
+/// cap the oldest stuck connection makes room, so `/healthz` keeps answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn half_open_connections_do_not_starve_the_server() {
+    let dir = TempDir::new("slowloris");
+    let server = Server::start_with_file_limit(
+        &dir,
+        &["--allow-target", "127.0.0.0/8", "--allow-http"],
+        256,
+    );
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    for _ in 0..400 {
+        let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
+            continue;
+        };
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let probes = async {
+        for _ in 0..20 {
+            let resp = client
+                .get(format!("{}/healthz", server.base))
+                .send()
+                .await
+                .expect("healthz answers while 400 half-open connections are held");
+            assert_eq!(resp.status(), 200);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), probes)
+        .await
+        .expect("healthz answers within 30 s");
+    drop(held);
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(!log.contains("Too many open files"), "{log}");
+}
+
+/// `/metrics` takes the admin key or the metrics token, never a tenant key.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_need_the_admin_key_or_the_metrics_token() {
+    let dir = TempDir::new("metrics");
+    let server = Server::start_with(
+        &dir,
+        &[
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+            "--metrics-token",
+            "scrape-token-123",
+        ],
+    );
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let get = |key: &str| {
+        let (url, key) = (format!("{}/metrics", server.base), key.to_owned());
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(get("scrape-token-123").await, 200);
+    assert_eq!(get(ADMIN_KEY).await, 200);
+    assert_eq!(get(&acme.key).await, 401);
+    assert_eq!(get("wrong").await, 401);
+}
+
+/// Input that used to be accepted, or answered unclearly.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_input_gets_clear_errors() {
+    let dir = TempDir::new("hostile-input");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+
+    // Reserved types.
+    let (status, problem) = acme
+        .post(
+            "/v1/events",
+            json!({"type": "entrega.endpoint.recovered", "data": {}}),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("type")),
+        "{problem}"
+    );
+
+    // The same id: identical body 202, different body 409.
+    let body = json!({"type": "a.b", "data": {"x": 1, "y": [1, 2]}, "id": "dup-1"});
+    assert_eq!(acme.post("/v1/events", body.clone()).await.0, 202);
+    let reordered = json!({"type": "a.b", "data": {"y": [1, 2], "x": 1}, "id": "dup-1"});
+    assert_eq!(acme.post("/v1/events", reordered).await.0, 202);
+    let changed = json!({"type": "a.b", "data": {"x": 2}, "id": "dup-1"});
+    let (status, problem) = acme.post("/v1/events", changed).await;
+    assert_eq!(status, 409, "{problem}");
+
+    // URLs: control characters, spaces, length, port 0 refused; what is stored is
+    // what is delivered to.
+    let long = format!("{}/{}", receiver.url(""), "a".repeat(70_000));
+    for url in [
+        format!("{}\r\nX: y", receiver.url("/a")),
+        format!(" {} ", receiver.url("/a")),
+        long,
+        "http://127.0.0.1:0/".to_owned(),
+    ] {
+        let (status, problem) = acme.post("/v1/endpoints", json!({"url": url})).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some("url")),
+            "{problem}"
+        );
+    }
+    let ep = acme
+        .endpoint(json!({"url": format!("http://{}/a/../b?q=1", receiver.addr)}))
+        .await;
+    assert_eq!(ep["url"], format!("http://{}/b?q=1", receiver.addr));
+
+    // Trailing data after the JSON value.
+    let raw = acme
+        .client
+        .post(format!("{}/v1/events", acme.base))
+        .bearer_auth(&acme.key)
+        .header("content-type", "application/json")
+        .body(r#"{"type":"a.b","data":{}}{"type":"a.b","data":{}} garbage"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+
+    // Nulls name their field; a bad retry spec says what is allowed.
+    for (body, field) in [
+        (json!({"url": receiver.url("/"), "mode": null}), "mode"),
+        (json!({"url": receiver.url("/"), "retry": null}), "retry"),
+        (
+            json!({"url": receiver.url("/"), "tenant_id": null}),
+            "tenant_id",
+        ),
+        (
+            json!({"url": receiver.url("/"), "retry": "sometimes"}),
+            "retry",
+        ),
+    ] {
+        let (status, problem) = acme.post("/v1/endpoints", body.clone()).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some(field)),
+            "{body}: {problem}"
+        );
+        assert!(
+            !problem["detail"].as_str().unwrap().contains("untagged"),
+            "{problem}"
+        );
+    }
+    let (_, problem) = acme
+        .post(
+            "/v1/endpoints",
+            json!({"url": receiver.url("/"), "retry": "sometimes"}),
+        )
+        .await;
+    assert!(
+        problem["detail"].as_str().unwrap().contains("persistent"),
+        "{problem}"
+    );
+
+    // PATCH description null clears it.
+    let path = format!("/v1/endpoints/{}", ep["id"].as_str().unwrap());
+    acme.call("PATCH", &path, Some(json!({"description": "hi"})))
+        .await;
+    let (status, after) = acme
+        .call("PATCH", &path, Some(json!({"description": null})))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(after["description"], Value::Null);
+
+    // Cursors that this list never handed out.
+    for cursor in ["zzzz", ""] {
+        for list in ["/v1/deliveries", "/v1/endpoints", "/v1/failures"] {
+            let (status, problem) = acme.get(&format!("{list}?cursor={cursor}")).await;
+            assert_eq!(
+                (status, problem["field"].as_str()),
+                (400, Some("cursor")),
+                "{list}: {problem}"
+            );
+        }
+    }
+}
+
+/// A batch naming one delivery 1 000 times resends it once; a refused request frees
+/// its Idempotency-Key for the corrected one.
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_resend_deduplicates_and_a_refused_request_frees_its_key() {
+    let dir = TempDir::new("batch-dedupe");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let evt = acme.publish("a.b", json!({})).await;
+    let dlv = eventually(Duration::from_secs(5), "delivered", || async {
+        let d = acme.deliveries_of(&evt).await;
+        (d.first()?["status"] == "delivered").then(|| d[0]["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    let send = |body: Value, key: &'static str| {
+        let acme = acme.clone();
+        async move {
+            let resp = acme
+                .client
+                .post(format!("{}/v1/deliveries/resend", acme.base))
+                .bearer_auth(&acme.key)
+                .header("idempotency-key", key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, problem) = send(json!({"ids": [dlv], "status": "failed"}), "k-1").await;
+    assert_eq!(status, 422, "{problem}");
+    let (status, answer) = send(json!({"ids": vec![dlv.clone(); 1000]}), "k-1").await;
+    assert_eq!(
+        status, 200,
+        "the corrected request may use the key at once: {answer}"
+    );
+    assert_eq!(answer["queued"], 1);
+    eventually(Duration::from_secs(5), "sent once more", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
+    assert_eq!(d["generation"], 1);
+}
