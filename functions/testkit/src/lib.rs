@@ -2,6 +2,8 @@
 //! loopback, temporary directories, polling until a condition holds, and a moto server
 //! (the local AWS emulator) started and stopped by the test that needs it.
 
+pub mod conformance;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::net::TcpStream;

@@ -228,3 +228,28 @@ async fn fifty_thousand_queued_behind_a_saturated_endpoint_do_not_delay_its_neig
     );
     assert_eq!(f.queue.group_len("t1"), 50_001);
 }
+
+/// The store conformance suite, on a real SQLite file.
+mod conformance {
+    use entrega_testkit::conformance::*;
+
+    use super::*;
+    use crate::sqlite::SqliteStore;
+
+    async fn store() -> (PathGuard, SqliteStore) {
+        let dir = std::env::temp_dir().join(format!("entrega-conf-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = SqliteDb::open(&dir.join("c.db")).unwrap();
+        let store = SqliteStore::new(db, Arc::new(entrega_core::ports::SystemClock));
+        (PathGuard(dir), store)
+    }
+
+    #[tokio::test]
+    async fn sqlite_store_conforms() {
+        let (_dir, store) = store().await;
+        endpoint_config_and_health_are_versioned_apart(&store).await;
+        event_ids_are_scoped_to_their_tenant(&store).await;
+        deliveries_are_created_once_and_attempts_append(&store).await;
+        remembered_keys_can_be_forgotten(&store).await;
+    }
+}

@@ -11,6 +11,7 @@ mod fuzz;
 mod harness;
 mod hostile;
 mod isolation;
+mod load;
 mod openapi;
 mod operations;
 mod retries;

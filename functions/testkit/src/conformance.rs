@@ -1,0 +1,166 @@
+//! Store conformance: behaviour every store adapter (SQLite, DynamoDB) must share,
+//! one function per promise, called by each adapter's own test suite so the two
+//! cannot drift apart.
+
+use chrono::Utc;
+use entrega_core::delivery::{Attempt, Delivery, Trigger};
+use entrega_core::endpoint::Endpoint;
+use entrega_core::event::Event;
+use entrega_core::ids::{AttemptId, DeliveryId, EventId, TenantId};
+use entrega_core::ports::{Published, Store, StoreError};
+use entrega_core::tenant::Tenant;
+
+async fn tenant(store: &dyn Store) -> TenantId {
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "Conformance".into(),
+        owner_email: "owner@example.com".into(),
+        created_at: Utc::now(),
+    };
+    store
+        .create_tenant(&tenant, &format!("hash-{}", tenant.id))
+        .await
+        .unwrap();
+    tenant.id
+}
+
+/// An endpoint's configuration and its health are written under separate versions:
+/// a stale configuration write is a conflict, and a health write never changes the
+/// configuration (nor the other way round).
+pub async fn endpoint_config_and_health_are_versioned_apart(store: &dyn Store) {
+    let t = tenant(store).await;
+    let endpoint = Endpoint::new(t, "https://hooks.example.com/", Utc::now());
+    store.create_endpoint(&endpoint).await.unwrap();
+    let read = store.get_endpoint(&endpoint.id).await.unwrap().unwrap();
+    assert_eq!((read.version, read.health.version), (0, 0));
+
+    let mut changed = read.clone();
+    changed.description = Some("first".into());
+    let saved = store.update_endpoint(&changed).await.unwrap();
+    assert_eq!(saved.version, 1);
+    let mut stale = read.clone();
+    stale.description = Some("stale".into());
+    assert!(matches!(
+        store.update_endpoint(&stale).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    let mut health = read.health.clone();
+    health.failing_since = Some(Utc::now());
+    let written = store
+        .update_endpoint_health(&endpoint.id, &health)
+        .await
+        .unwrap();
+    assert_eq!(written.version, 1);
+    assert!(matches!(
+        store.update_endpoint_health(&endpoint.id, &health).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let after = store.get_endpoint(&endpoint.id).await.unwrap().unwrap();
+    assert_eq!(after.description.as_deref(), Some("first"), "config kept");
+    assert_eq!(after.version, 1);
+    assert_eq!(after.health.failing_since, health.failing_since);
+    assert_eq!(after.health.version, 1);
+
+    let mut again = after.clone();
+    again.timeout_ms = 2_000;
+    store.update_endpoint(&again).await.unwrap();
+    let last = store.get_endpoint(&endpoint.id).await.unwrap().unwrap();
+    assert_eq!(last.health, after.health, "health kept");
+    assert_eq!(last.timeout_ms, 2_000);
+}
+
+/// Event ids are scoped to their tenant: the same id in two tenants is two events.
+pub async fn event_ids_are_scoped_to_their_tenant(store: &dyn Store) {
+    let (a, b) = (tenant(store).await, tenant(store).await);
+    let id: EventId = "shared-id-1".parse().unwrap();
+    let event = |t: &TenantId, data: &str| Event {
+        id: id.clone(),
+        tenant_id: t.clone(),
+        event_type: "a.b".into(),
+        payload: data.into(),
+        created_at: Utc::now(),
+    };
+    assert_eq!(
+        store.publish(&event(&a, r#"{"of":"a"}"#)).await.unwrap(),
+        Published::Created
+    );
+    assert_eq!(
+        store.publish(&event(&b, r#"{"of":"b"}"#)).await.unwrap(),
+        Published::Created
+    );
+    assert!(matches!(
+        store.publish(&event(&a, r#"{"of":"a2"}"#)).await.unwrap(),
+        Published::Existing(e) if e.payload == r#"{"of":"a"}"#
+    ));
+    assert_eq!(
+        store.get_event(&b, &id).await.unwrap().unwrap().payload,
+        r#"{"of":"b"}"#
+    );
+    assert!(store
+        .get_event(&TenantId::generate(), &id)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// A delivery is created once (and says so), and attempts can be appended without
+/// touching it.
+pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) {
+    let t = tenant(store).await;
+    let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
+    let event = Event {
+        id: EventId::generate(),
+        tenant_id: t.clone(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: Utc::now(),
+    };
+    let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+    let fresh = Delivery::new(id.clone(), &event, endpoint.id.clone(), false, Utc::now());
+    let (_, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
+    assert!(created);
+    let (stored, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
+    assert!(!created);
+    assert_eq!(stored.id, id);
+    let attempt = Attempt {
+        id: AttemptId::generate(),
+        delivery_id: id.clone(),
+        tenant_id: t.clone(),
+        endpoint_id: endpoint.id.clone(),
+        generation: 0,
+        number: 1,
+        started_at: Utc::now(),
+        duration_ms: 5,
+        status_code: Some(200),
+        failure_kind: None,
+        error: None,
+        response_excerpt: None,
+        trigger: Trigger::Scheduled,
+        requested_by: None,
+    };
+    store.append_attempts(&[attempt]).await.unwrap();
+    assert_eq!(store.list_attempts(&id).await.unwrap().len(), 1);
+    let unchanged = store.get_delivery(&id).await.unwrap().unwrap();
+    assert_eq!(unchanged.version, stored.version, "the delivery is untouched");
+    let of_event = store.deliveries_of_event(&t, &event.id).await.unwrap();
+    assert_eq!(of_event.len(), 1);
+    assert!(store
+        .deliveries_of_event(&TenantId::generate(), &event.id)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A remembered key can be forgotten (a claim whose request failed).
+pub async fn remembered_keys_can_be_forgotten(store: &dyn Store) {
+    let ttl = std::time::Duration::from_secs(60);
+    let key = format!("claim#{}", rand::random::<u64>());
+    assert_eq!(store.remember_once(&key, "1", ttl).await.unwrap(), None);
+    assert_eq!(
+        store.remember_once(&key, "2", ttl).await.unwrap().as_deref(),
+        Some("1")
+    );
+    store.forget(&key).await.unwrap();
+    assert_eq!(store.remember_once(&key, "3", ttl).await.unwrap(), None);
+}
