@@ -142,7 +142,10 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
     store.append_attempts(&[attempt]).await.unwrap();
     assert_eq!(store.list_attempts(&id).await.unwrap().len(), 1);
     let unchanged = store.get_delivery(&id).await.unwrap().unwrap();
-    assert_eq!(unchanged.version, stored.version, "the delivery is untouched");
+    assert_eq!(
+        unchanged.version, stored.version,
+        "the delivery is untouched"
+    );
     let of_event = store.deliveries_of_event(&t, &event.id).await.unwrap();
     assert_eq!(of_event.len(), 1);
     assert!(store
@@ -158,7 +161,11 @@ pub async fn remembered_keys_can_be_forgotten(store: &dyn Store) {
     let key = format!("claim#{}", rand::random::<u64>());
     assert_eq!(store.remember_once(&key, "1", ttl).await.unwrap(), None);
     assert_eq!(
-        store.remember_once(&key, "2", ttl).await.unwrap().as_deref(),
+        store
+            .remember_once(&key, "2", ttl)
+            .await
+            .unwrap()
+            .as_deref(),
         Some("1")
     );
     store.forget(&key).await.unwrap();

@@ -130,7 +130,8 @@ async fn failures_are_recorded_alerted_once_through_sns_and_owners_emailed() {
 async fn the_dynamodb_store_conforms() {
     use entrega_testkit::conformance::*;
     let stack = crate::harness::Stack::provisioned(Arc::new(SystemClock)).await;
-    let store = entrega_aws::resources::dynamo_store(&stack.sdk, &stack.resources, Arc::new(SystemClock));
+    let store =
+        entrega_aws::resources::dynamo_store(&stack.sdk, &stack.resources, Arc::new(SystemClock));
     endpoint_config_and_health_are_versioned_apart(&store).await;
     event_ids_are_scoped_to_their_tenant(&store).await;
     deliveries_are_created_once_and_attempts_append(&store).await;

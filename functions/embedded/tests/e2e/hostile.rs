@@ -545,3 +545,21 @@ async fn batch_resend_deduplicates_and_a_refused_request_frees_its_key() {
     let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
     assert_eq!(d["generation"], 1);
 }
+
+/// A database that cannot be created names its path and the flag that moves it.
+#[test]
+fn an_unwritable_database_location_names_the_path_and_the_flag() {
+    let db = "/proc/entrega-cannot-live-here/entrega.db";
+    let out = std::process::Command::new(entrega_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", db])
+        .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(db) && err.contains("--db"), "{err}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("admin API key"),
+        "no key is minted for a server that cannot start"
+    );
+}

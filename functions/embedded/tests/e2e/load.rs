@@ -34,7 +34,13 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
     let dir = TempDir::new("load");
     let server = Server::start_with(
         &dir,
-        &["--allow-target", "127.0.0.0/8", "--allow-http", "--max-backlog", BACKLOG],
+        &[
+            "--allow-target",
+            "127.0.0.0/8",
+            "--allow-http",
+            "--max-backlog",
+            BACKLOG,
+        ],
     );
     let (_, acme) = server.admin().tenant("Acme").await;
     let receiver = Receiver::answering(204).await;
@@ -45,7 +51,9 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
     let mut held = Vec::new();
     for _ in 0..HALF_OPEN {
         if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
-            let _ = s.write_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n").await;
+            let _ = s
+                .write_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n")
+                .await;
             held.push(s);
         }
     }
@@ -127,17 +135,24 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
     let accepted = accepted.lock().unwrap().clone();
     let (too_many, unavailable) = *refused.lock().unwrap();
     assert!(!accepted.is_empty());
-    assert!(too_many > 0, "the backlog limit of {BACKLOG} was never reached");
+    assert!(
+        too_many > 0,
+        "the backlog limit of {BACKLOG} was never reached"
+    );
     // Everything accepted arrives, once the load has stopped.
     let want: HashSet<String> = accepted.iter().cloned().collect();
-    eventually(Duration::from_secs(180), "every accepted event delivered", || async {
-        let got: HashSet<String> = receiver
-            .got()
-            .iter()
-            .map(|r| r.header("webhook-id").to_owned())
-            .collect();
-        want.is_subset(&got).then_some(())
-    })
+    eventually(
+        Duration::from_secs(180),
+        "every accepted event delivered",
+        || async {
+            let got: HashSet<String> = receiver
+                .got()
+                .iter()
+                .map(|r| r.header("webhook-id").to_owned())
+                .collect();
+            want.is_subset(&got).then_some(())
+        },
+    )
     .await;
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
