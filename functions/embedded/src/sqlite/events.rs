@@ -1,6 +1,6 @@
 //! The outbox in SQLite, and the embedded trigger's reading position in it.
 
-use super::{json_row, json_rows, SqliteStore};
+use super::{json_row, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
@@ -58,13 +58,49 @@ impl EventStore for SqliteStore {
 
 impl SqliteStore {
     /// Events committed but not yet fanned out, up to `limit`, fair across tenants.
+    ///
+    /// The tenants with waiting events are known in memory, and each one's oldest rows
+    /// are one index seek away (`outbox_waiting`: fanned_out, tenant_id, seq), so a poll
+    /// costs what it returns, not the size of the outbox.
     pub async fn outbox_waiting(&self, limit: usize) -> StoreResult<Vec<Event>> {
+        let mut tenants: Vec<String> = self
+            .outbox_pending
+            .snapshot()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, _)| t)
+            .collect();
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        tenants.sort_unstable();
+        // Start after the tenant served first last time, so no tenant waits behind
+        // the others' bursts when more tenants wait than one poll takes.
+        let start = self
+            .outbox_turn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % tenants.len();
+        tenants.rotate_left(start);
+        let per_tenant = OUTBOX_ROWS_PER_TENANT.min(limit.max(1) as i64);
         self.db
             .call(move |conn| {
-                json_rows(conn, "SELECT json FROM (
-                         SELECT json, seq, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY seq) AS rank
-                         FROM outbox WHERE fanned_out = 0)
-                     WHERE rank <= ?1 ORDER BY rank, seq LIMIT ?2", params![OUTBOX_ROWS_PER_TENANT, limit as i64])
+                let mut stmt = conn.prepare_cached(
+                    "SELECT json FROM outbox WHERE fanned_out = 0 AND tenant_id = ?1
+                     ORDER BY seq LIMIT ?2",
+                )?;
+                let mut events = Vec::new();
+                for tenant in tenants {
+                    if events.len() >= limit {
+                        break;
+                    }
+                    let rows = stmt
+                        .query_map(params![tenant, per_tenant], |r| r.get::<_, String>(0))?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for row in rows {
+                        events.push(serde_json::from_str(&row)?);
+                    }
+                }
+                Ok(events)
             })
             .await
     }

@@ -156,6 +156,8 @@ pub struct SqliteStore {
     outbox_pending: backlog::TenantCounts,
     /// Signalled by every publish: the fan-out waits on it instead of a timer.
     published: Arc<tokio::sync::Notify>,
+    /// Which tenant the next outbox poll starts with (round-robin).
+    outbox_turn: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SqliteStore {
@@ -165,6 +167,7 @@ impl SqliteStore {
             clock,
             outbox_pending: backlog::TenantCounts::default(),
             published: Arc::new(tokio::sync::Notify::new()),
+            outbox_turn: Arc::default(),
         }
     }
 
