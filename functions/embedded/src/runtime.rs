@@ -44,6 +44,33 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often the 24-hour rule is checked (the scheduled check of DESIGN.md).
 pub const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
+/// The embedded runtime's step after a publish commits: fan the event out at once,
+/// in the request, so a tenant's burst is fanned out as fast as it is accepted and
+/// its other events never queue behind it in the outbox. A failure here loses
+/// nothing: the event is committed, and the outbox poller fans it out once it is
+/// [`INLINE_GRACE`] old.
+pub struct InlineFanOut {
+    pub services: Services,
+    pub store: SqliteStore,
+}
+
+#[async_trait::async_trait]
+impl entrega_http::api::AfterPublish for InlineFanOut {
+    async fn published(&self, event: &entrega_core::event::Event) {
+        let done = match fan_out(&self.services, event).await {
+            Ok(_) => self.store.mark_fanned_out(event).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            tracing::debug!(event_id = %event.id, error = %e, "fan-out at publish failed; the outbox poller retries it");
+        }
+    }
+}
+
+/// How old an outbox row must be before the poller takes it: younger ones are being
+/// fanned out by their own publish request.
+pub const INLINE_GRACE: Duration = Duration::from_secs(2);
+
 /// The pollers, started together and stopped together.
 pub struct Runtime {
     pub services: Services,
@@ -97,11 +124,7 @@ impl Runtime {
                     self.conditions.recovered(Component::Outbox);
                     backoff.reset();
                     if !worked {
-                        tokio::select! {
-                            _ = self.store.outbox_published() => {}
-                            _ = tokio::time::sleep(IDLE_POLL) => {}
-                            _ = shutdown.changed() => {}
-                        }
+                        pause(&mut shutdown, IDLE_POLL).await;
                     }
                 }
                 Err(e) => {
@@ -114,7 +137,10 @@ impl Runtime {
 
     /// Fan out what waits in the outbox; `Ok(true)` if there was any.
     async fn fan_out_waiting(&self) -> Result<bool, StoreError> {
-        let events = self.store.outbox_waiting(OUTBOX_BATCH).await?;
+        let events = self
+            .store
+            .outbox_waiting(OUTBOX_BATCH, INLINE_GRACE)
+            .await?;
         for event in &events {
             // Marked only after its deliveries are queued: a crash between the two
             // replays the fan-out, which is idempotent.

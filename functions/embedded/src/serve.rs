@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::metrics::PrometheusMetrics;
 use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
-use crate::runtime::Runtime;
+use crate::runtime::{InlineFanOut, Runtime};
 use crate::sqlite::backlog::EmbeddedBacklog;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{SqliteDb, SqliteStore};
@@ -92,6 +92,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 store: store.clone(),
                 deliveries: delivery_queue.clone(),
             };
+            let inline = InlineFanOut {
+                services: services.clone(),
+                store: store.clone(),
+            };
             let runtime = Runtime {
                 services: services.clone(),
                 store,
@@ -102,6 +106,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 metrics,
                 conditions,
                 backlog: Some(backlog),
+                after_publish: Some(Arc::new(inline)),
             };
             let listener = bind(&config).await?;
             // The admin key is minted only once the port is ours: a failed start must
@@ -136,6 +141,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 metrics,
                 conditions,
                 backlog: None,
+                // The outbox table's stream fans out, as on AWS.
+                after_publish: None,
             };
             run(
                 &config,
@@ -168,6 +175,7 @@ struct Probes {
     metrics: Arc<PrometheusMetrics>,
     conditions: Arc<Conditions>,
     backlog: Option<EmbeddedBacklog>,
+    after_publish: Option<Arc<dyn entrega_http::api::AfterPublish>>,
 }
 
 /// One process per database: the lock is what makes releasing the previous process's
@@ -271,6 +279,7 @@ where
         limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
         conditions: probes.conditions.clone(),
         waiting,
+        after_publish: probes.after_publish.clone(),
     };
     // Metrics are this process's own, so they are served beside the shared API.
     let metrics = MetricsRoute {

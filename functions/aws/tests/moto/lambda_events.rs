@@ -149,6 +149,7 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
         limiter: None,
         conditions: Default::default(),
         waiting: None,
+        after_publish: None,
     });
     let admin_key = entrega_core::tenant::generate_api_key();
     stack

@@ -1,6 +1,6 @@
 //! The outbox in SQLite, and the embedded trigger's reading position in it.
 
-use super::{json_row, SqliteStore};
+use super::{json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
@@ -16,9 +16,24 @@ impl EventStore for SqliteStore {
     async fn publish(&self, event: &Event) -> StoreResult<Published> {
         let json = serde_json::to_string(event).expect("an event serialises");
         let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
+        let soft_limit = self.db.publish_page_limit();
         let published = self
             .db
             .call(move |conn| {
+                if let Some(limit) = soft_limit {
+                    let used: i64 = conn.query_row(
+                        "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    if used >= limit {
+                        return Err(DbError::Full(
+                            "the database is near its size limit (--max-db-size-mb): new events wait \
+                             until accepted ones are delivered"
+                                .into(),
+                        ));
+                    }
+                }
                 let inserted = conn.execute(
                     "INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
                      ON CONFLICT (tenant_id, id) DO NOTHING",
@@ -37,7 +52,6 @@ impl EventStore for SqliteStore {
             .await?;
         if published == Published::Created {
             self.outbox_pending.add(&event.tenant_id, 1);
-            self.published.notify_one();
         }
         Ok(published)
     }
@@ -62,7 +76,13 @@ impl SqliteStore {
     /// The tenants with waiting events are known in memory, and each one's oldest rows
     /// are one index seek away (`outbox_waiting`: fanned_out, tenant_id, seq), so a poll
     /// costs what it returns, not the size of the outbox.
-    pub async fn outbox_waiting(&self, limit: usize) -> StoreResult<Vec<Event>> {
+    /// Rows younger than `grace` are left to the publish that is fanning them out.
+    pub async fn outbox_waiting(
+        &self,
+        limit: usize,
+        grace: std::time::Duration,
+    ) -> StoreResult<Vec<Event>> {
+        let young = self.clock.now() - chrono::Duration::from_std(grace).unwrap_or_default();
         let mut tenants: Vec<String> = self
             .outbox_pending
             .snapshot()
@@ -97,7 +117,12 @@ impl SqliteStore {
                         .query_map(params![tenant, per_tenant], |r| r.get::<_, String>(0))?
                         .collect::<Result<Vec<_>, _>>()?;
                     for row in rows {
-                        events.push(serde_json::from_str(&row)?);
+                        let event: Event = serde_json::from_str(&row)?;
+                        // Rows are in commit order: once one is young, so is the rest.
+                        if event.created_at > young {
+                            break;
+                        }
+                        events.push(event);
                     }
                 }
                 Ok(events)

@@ -30,7 +30,14 @@ const BUSY_TIMEOUT_MS: u32 = 5_000;
 #[derive(Clone)]
 pub struct SqliteDb {
     conn: Arc<Mutex<Connection>>,
+    /// Pages in use past which new events are refused (0: no limit): a share of the
+    /// hard size limit kept free, so what was accepted can still be delivered.
+    publish_pages: Arc<std::sync::atomic::AtomicI64>,
 }
+
+/// The share of `--max-db-size-mb` new events may fill; the rest is headroom for the
+/// deliveries, attempts and queue rows of what was already accepted.
+const PUBLISH_SHARE: f64 = 0.75;
 
 impl SqliteDb {
     /// Open (creating if needed) the database at `path` and bring its schema up to date.
@@ -44,6 +51,7 @@ impl SqliteDb {
         schema::migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            publish_pages: Arc::default(),
         })
     }
 
@@ -51,13 +59,30 @@ impl SqliteDb {
     /// fail with "database or disk is full" and the API answers 503, before the disk
     /// itself fills.
     pub async fn limit_size(&self, bytes: u64) -> StoreResult<()> {
-        self.call(move |conn| {
-            let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
-            let pages = (bytes as i64 / page_size.max(512)).max(1);
-            conn.pragma_update(None, "max_page_count", pages)?;
-            Ok(())
-        })
-        .await
+        let pages = self
+            .call(move |conn| {
+                let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+                let pages = (bytes as i64 / page_size.max(512)).max(1);
+                conn.pragma_update(None, "max_page_count", pages)?;
+                Ok(pages)
+            })
+            .await?;
+        self.publish_pages.store(
+            ((pages as f64 * PUBLISH_SHARE) as i64).max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// Pages in use past which new events are refused, if the size is limited.
+    pub fn publish_page_limit(&self) -> Option<i64> {
+        match self
+            .publish_pages
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            n => Some(n),
+        }
     }
 
     /// Run `f` on the connection in the blocking pool.
@@ -83,6 +108,8 @@ pub enum DbError {
     Sql(rusqlite::Error),
     Json(serde_json::Error),
     Conflict(String),
+    /// The store refuses to grow (a size limit): retry later.
+    Full(String),
 }
 
 impl From<rusqlite::Error> for DbError {
@@ -103,6 +130,7 @@ impl From<DbError> for StoreError {
             DbError::Sql(e) => StoreError::Backend(format!("sqlite: {e}")),
             DbError::Json(e) => StoreError::Backend(format!("stored record unreadable: {e}")),
             DbError::Conflict(what) => StoreError::Conflict(what),
+            DbError::Full(why) => StoreError::Backend(why),
         }
     }
 }
@@ -154,8 +182,6 @@ pub struct SqliteStore {
     clock: Arc<dyn Clock>,
     /// Events committed but not fanned out, per tenant (for the backlog).
     outbox_pending: backlog::TenantCounts,
-    /// Signalled by every publish: the fan-out waits on it instead of a timer.
-    published: Arc<tokio::sync::Notify>,
     /// Which tenant the next outbox poll starts with (round-robin).
     outbox_turn: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -166,14 +192,8 @@ impl SqliteStore {
             db,
             clock,
             outbox_pending: backlog::TenantCounts::default(),
-            published: Arc::new(tokio::sync::Notify::new()),
             outbox_turn: Arc::default(),
         }
-    }
-
-    /// Resolves after a publish (or at once if one happened since the last wait).
-    pub async fn outbox_published(&self) {
-        self.published.notified().await
     }
 
     /// Count the outbox rows not yet fanned out, per tenant (at start-up).

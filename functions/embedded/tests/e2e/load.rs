@@ -20,7 +20,7 @@ use crate::harness::*;
 const DEFAULT_SECS: u64 = 8;
 const PUBLISHERS: usize = 50;
 const HALF_OPEN: usize = 200;
-const BACKLOG: &str = "3000";
+const BACKLOG: &str = "500";
 const PROBE_EVERY: Duration = Duration::from_millis(50);
 /// A probe slower than this counts as the server being unavailable.
 const PROBE_LIMIT: Duration = Duration::from_secs(2);
@@ -43,8 +43,10 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
         ],
     );
     let (_, acme) = server.admin().tenant("Acme").await;
-    let receiver = Receiver::answering(204).await;
-    acme.endpoint(json!({"url": receiver.url("/"), "max_concurrency": 64}))
+    // A receiver slower than the publishers, so the backlog limit is reached.
+    let receiver =
+        Receiver::start(vec![], Reply::status(204).after(Duration::from_millis(20))).await;
+    acme.endpoint(json!({"url": receiver.url("/"), "max_concurrency": 8}))
         .await;
 
     let addr = server.base.trim_start_matches("http://").to_owned();

@@ -61,7 +61,7 @@ pub(super) async fn publish(
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     let tenant_id = caller.owning_tenant(body.tenant_id)?;
     validate_event_type(&body.event_type).map_err(|e| ApiError::invalid("type", e))?;
-    if is_operational(&body.event_type) {
+    if is_operational(&body.event_type.to_ascii_lowercase()) {
         return Err(ApiError::invalid(
             "type",
             format!(
@@ -90,7 +90,11 @@ pub(super) async fn publish(
         return Err(ApiError::backlog_full(backlog, BACKLOG_RETRY_AFTER_S));
     }
     match state.services.store.publish(&event).await? {
-        Published::Created => {}
+        Published::Created => {
+            if let Some(next) = &state.after_publish {
+                next.published(&event).await;
+            }
+        }
         // Same id again with the same body: the same event, nothing sent twice.
         Published::Existing(existing) if same_event(&existing, &event) => {}
         Published::Existing(_) => {

@@ -47,6 +47,15 @@ pub struct AppState {
     pub conditions: Arc<Conditions>,
     /// All tenants' waiting work, where the runtime can count it cheaply.
     pub waiting: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
+    /// What a runtime does with a newly committed event before answering 202; the
+    /// embedded runtime fans it out at once (the outbox poller stays the fallback).
+    pub after_publish: Option<Arc<dyn AfterPublish>>,
+}
+
+/// A runtime's step after an event commits (see [`AppState::after_publish`]).
+#[async_trait::async_trait]
+pub trait AfterPublish: Send + Sync {
+    async fn published(&self, event: &entrega_core::event::Event);
 }
 
 /// `limit` from the query: 1 to [`MAX_PAGE_SIZE`], default [`DEFAULT_PAGE_SIZE`].

@@ -17,7 +17,8 @@ use entrega_core::delivery::{Delivery, DeliveryStatus};
 use entrega_core::handlers::resend::{resend_delivery, ResendError};
 use entrega_core::ids::{DeliveryId, EndpointId};
 use entrega_core::ports::DeliveryQuery;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
@@ -71,7 +72,7 @@ pub(super) async fn resend_single(
 }
 
 /// A batch: `ids` (at most 1 000), or a filter with a window of at most 14 days.
-#[derive(Deserialize, ToSchema)]
+#[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BatchResend {
     #[serde(default, deserialize_with = "super::endpoints::not_null")]
@@ -120,20 +121,28 @@ pub(super) async fn resend_batch(
         None => None,
     };
     let remembered = idempotency.map(|k| format!("resend#{}#{k}", caller.key_hash));
+    // A key names one request: the same key with another body is refused, never
+    // answered with the other request's answer.
+    let fingerprint = request_fingerprint(&body);
     let store = &state.services.store;
     if let Some(key) = &remembered {
         // The same request again: the same answer, nothing resent twice.
-        if let Some(answer) = store.recall(&format!("{key}#answer")).await? {
-            let answer: BatchResent = serde_json::from_str(&answer).map_err(|e| {
+        if let Some(stored) = store.recall(&format!("{key}#answer")).await? {
+            let stored: Remembered = serde_json::from_str(&stored).map_err(|e| {
                 ApiError::backend(format!("a remembered answer is unreadable: {e}"))
             })?;
-            return Ok(Json(answer));
+            if stored.request != fingerprint {
+                return Err(key_reused());
+            }
+            return Ok(Json(stored.answer));
         }
-        if store
-            .remember_once(&format!("{key}#claim"), "1", CLAIM_TTL)
+        if let Some(running) = store
+            .remember_once(&format!("{key}#claim"), &fingerprint, CLAIM_TTL)
             .await?
-            .is_some()
         {
+            if running != fingerprint {
+                return Err(key_reused());
+            }
             return Err(ApiError::conflict(
                 "a request with this Idempotency-Key is still running; repeat it shortly for its answer",
             ));
@@ -158,12 +167,41 @@ pub(super) async fn resend_batch(
         store
             .remember_once(
                 &format!("{key}#answer"),
-                &serde_json::to_string(&answer).expect("an answer serialises"),
+                &serde_json::to_string(&Remembered {
+                    request: fingerprint,
+                    answer: answer.clone(),
+                })
+                .expect("an answer serialises"),
                 IDEMPOTENCY_TTL,
             )
             .await?;
     }
     Ok(Json(answer))
+}
+
+/// What is kept under an `Idempotency-Key`: which request it answered, and how.
+#[derive(Serialize, Deserialize)]
+struct Remembered {
+    request: String,
+    answer: BatchResent,
+}
+
+/// A request's identity: the SHA-256 of its body in canonical form.
+fn request_fingerprint(body: &BatchResend) -> String {
+    let canonical = serde_json::to_value(body)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    Sha256::digest(canonical.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn key_reused() -> ApiError {
+    ApiError::invalid(
+        "Idempotency-Key",
+        "was already used for a different request; use a new key for a new request",
+    )
 }
 
 async fn by_ids(
