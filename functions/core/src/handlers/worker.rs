@@ -172,13 +172,8 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
             // still happened, so its record is kept (under its own generation); the
             // resend queued its own message, so this one has nothing left to do.
             store.append_attempts(&attempts).await?;
-            health::observe(
-                services,
-                &endpoint,
-                report.result.failure_kind().is_none(),
-                now,
-            )
-            .await?;
+            let succeeded = report.result.failure_kind().is_none();
+            health::observe(services, &endpoint, succeeded, now).await?;
             return Ok(Disposition::Done);
         }
         Err(e) => return Err(e),
@@ -190,13 +185,8 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         health::disable(services, &endpoint, "the receiver answered 410 Gone", now).await?;
         return Ok(Disposition::Done);
     }
-    health::observe(
-        services,
-        &endpoint,
-        report.result.failure_kind().is_none(),
-        now,
-    )
-    .await?;
+    let succeeded = report.result.failure_kind().is_none();
+    health::observe(services, &endpoint, succeeded, now).await?;
     carry_out(services, task, &endpoint, &saved, &step.actions).await
 }
 

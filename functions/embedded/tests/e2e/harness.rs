@@ -207,3 +207,15 @@ impl Api {
         body["deliveries"].as_array().unwrap().clone()
     }
 }
+
+/// Wait until `receiver` has seen every event id in `ids` (by `webhook-id`).
+pub async fn all_delivered(receiver: &Receiver, ids: &[String], limit: std::time::Duration) {
+    let want: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    eventually(limit, "every accepted event delivered", || async {
+        let got = receiver.got();
+        let seen: std::collections::HashSet<&str> =
+            got.iter().map(|r| r.header("webhook-id")).collect();
+        want.is_subset(&seen).then_some(())
+    })
+    .await;
+}

@@ -8,7 +8,6 @@
 //! performance is measured by benchmarks; the assertion is liveness (every probe
 //! answered within [`PROBE_LIMIT`]).
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -142,20 +141,7 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
         "the backlog limit of {BACKLOG} was never reached"
     );
     // Everything accepted arrives, once the load has stopped.
-    let want: HashSet<String> = accepted.iter().cloned().collect();
-    eventually(
-        Duration::from_secs(180),
-        "every accepted event delivered",
-        || async {
-            let got: HashSet<String> = receiver
-                .got()
-                .iter()
-                .map(|r| r.header("webhook-id").to_owned())
-                .collect();
-            want.is_subset(&got).then_some(())
-        },
-    )
-    .await;
+    all_delivered(&receiver, &accepted, Duration::from_secs(180)).await;
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     eprintln!(
