@@ -19,6 +19,20 @@ pub const MAX_SEND_DELAY: Duration = Duration::from_secs(900);
 /// attempt that ran before the change (at most the 30 s timeout plus writes).
 pub const MAX_VISIBILITY_DELAY: Duration = Duration::from_secs(12 * 3600 - 300);
 
+/// Whole seconds for SQS, rounded *up*: a retry that is 0.4 s early must be hidden
+/// for 1 s, not 0 (hidden for 0 s it comes straight back, early again, and spins
+/// through its receive count into the dead-letter queue).
+pub fn seconds_up(delay: Duration) -> i32 {
+    let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+/// The visibility timeout for a message kept for later: at least 1 s, at most SQS's
+/// limit (with its margin).
+pub fn visibility_seconds(delay: Duration) -> i32 {
+    seconds_up(delay.min(MAX_VISIBILITY_DELAY)).max(1)
+}
+
 #[derive(Clone)]
 pub struct SqsQueue {
     client: Client,
@@ -56,7 +70,7 @@ impl MessageQueue for SqsQueue {
                     .id(i.to_string())
                     .message_body(&m.body)
                     .message_group_id(&m.group)
-                    .delay_seconds(m.delay.as_secs() as i32)
+                    .delay_seconds(seconds_up(m.delay))
                     .build()
                     .map_err(|e| StoreError::Backend(e.to_string()))?;
                 request = request.entries(entry);
@@ -108,7 +122,7 @@ impl MessageQueue for SqsQueue {
             .change_message_visibility()
             .queue_url(&self.url)
             .receipt_handle(receipt)
-            .visibility_timeout(delay.min(MAX_VISIBILITY_DELAY).as_secs() as i32)
+            .visibility_timeout(visibility_seconds(delay))
             .send()
             .await
             .map_err(backend)?;
@@ -128,5 +142,28 @@ impl MessageQueue for SqsQueue {
 
     fn max_delay(&self) -> Option<Duration> {
         Some(MAX_VISIBILITY_DELAY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_not_yet_due_is_never_hidden_for_zero_seconds() {
+        assert_eq!(visibility_seconds(Duration::from_millis(400)), 1);
+        assert_eq!(visibility_seconds(Duration::ZERO), 1);
+        assert_eq!(visibility_seconds(Duration::from_millis(1_001)), 2);
+        assert_eq!(visibility_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(
+            visibility_seconds(Duration::from_secs(13 * 3600)),
+            MAX_VISIBILITY_DELAY.as_secs() as i32
+        );
+        assert_eq!(
+            seconds_up(Duration::ZERO),
+            0,
+            "a send with no delay stays immediate"
+        );
+        assert_eq!(seconds_up(Duration::from_millis(1)), 1);
     }
 }

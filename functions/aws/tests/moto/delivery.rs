@@ -145,6 +145,47 @@ async fn a_retry_comes_back_through_a_visibility_change() {
     );
 }
 
+/// One-second retries never spin: a message back a fraction of a second early is
+/// hidden for a whole second, not 0 s, so it is delivered on its second attempt and
+/// never burns its receive count into the dead-letter queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_second_retries_are_delivered_without_spinning_into_the_dlq() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![1, 1])).await;
+    let e = event(s, &tenant, "a.b", "{}");
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    eventually(Duration::from_secs(30), "delivered", || async {
+        (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(receiver.count(), 2, "exactly two attempts");
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let dlq = sqs
+        .get_queue_url()
+        .queue_name(&stack.names.delivery_dlq)
+        .send()
+        .await
+        .unwrap();
+    let depth = sqs
+        .get_queue_attributes()
+        .queue_url(dlq.queue_url().unwrap())
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .unwrap();
+    let messages = depth
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(messages, "0", "nothing in the delivery DLQ");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
     let clock = Arc::new(ManualClock::new(Utc::now()));
