@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+#[cfg(feature = "aws")]
 use entrega_aws::provision::provision;
+#[cfg(feature = "aws")]
 use entrega_aws::resources::{dynamo_store, sdk_config, AwsResources, ResourceNames};
 use entrega_core::ports::{Settings, SystemClock};
 use entrega_embedded::cli::{
@@ -224,29 +226,7 @@ async fn run(command: Command) -> Result<(), BoxError> {
             })
             .await
         }
-        Command::Provision(args) => {
-            if args.backend != BackendKind::Aws {
-                return Err(
-                    "provision is for --backend aws; the SQLite file creates itself".into(),
-                );
-            }
-            let spec = provision(
-                &sdk_config().await,
-                &ResourceNames::with_prefix(&args.aws_prefix),
-            )
-            .await?;
-            for t in &spec.tables {
-                println!("table {}", t.name);
-            }
-            for q in &spec.queues {
-                println!("queue {}", q.name);
-            }
-            println!(
-                "schedule group {}\ntopic {}",
-                spec.schedule_group, spec.alert_topic
-            );
-            Ok(())
-        }
+        Command::Provision(args) => provision_aws(&args).await,
         Command::Deliveries { api, command } => Ok(cli::deliveries(&api, command).await?),
         Command::Resend { api, args } => Ok(cli::resend(&api, args).await?),
         Command::Failures { api, command } => Ok(cli::failures(&api, command).await?),
@@ -255,19 +235,67 @@ async fn run(command: Command) -> Result<(), BoxError> {
             let key = match args.backend() {
                 // The store alone: a running `serve` on the same file keeps its work.
                 Backend::Sqlite { db } => {
+                    // A key minted into a new, empty file would be one no server
+                    // knows: only an existing database gets one.
+                    if !db.exists() {
+                        return Err(format!(
+                            "no database at {}; point --db (or ENTREGA_DB) at the file \
+                             `entrega serve` uses (serve creates it at its first start)",
+                            db.display()
+                        )
+                        .into());
+                    }
                     let store = SqliteStore::new(SqliteDb::open(&db)?, Arc::new(SystemClock));
                     mint_admin_key(&store).await?
                 }
-                Backend::Aws { prefix } => {
-                    let sdk = sdk_config().await;
-                    let resources = AwsResources::discover(&sdk, &prefix).await?;
-                    mint_admin_key(&dynamo_store(&sdk, &resources, Arc::new(SystemClock))).await?
-                }
+                Backend::Aws { prefix } => aws_admin_key(&prefix).await?,
             };
             println!("{key}");
             Ok(())
         }
     }
+}
+
+/// `entrega provision --backend aws`.
+#[cfg(feature = "aws")]
+async fn provision_aws(args: &StorageArgs) -> Result<(), BoxError> {
+    if args.backend != BackendKind::Aws {
+        return Err("provision is for --backend aws; the SQLite file creates itself".into());
+    }
+    let spec = provision(
+        &sdk_config().await,
+        &ResourceNames::with_prefix(&args.aws_prefix),
+    )
+    .await?;
+    for t in &spec.tables {
+        println!("table {}", t.name);
+    }
+    for q in &spec.queues {
+        println!("queue {}", q.name);
+    }
+    println!(
+        "schedule group {}\ntopic {}",
+        spec.schedule_group, spec.alert_topic
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+async fn provision_aws(_: &StorageArgs) -> Result<(), BoxError> {
+    Err(entrega_embedded::serve::NO_AWS.into())
+}
+
+/// A new admin key in the AWS store.
+#[cfg(feature = "aws")]
+async fn aws_admin_key(prefix: &str) -> Result<String, BoxError> {
+    let sdk = sdk_config().await;
+    let resources = AwsResources::discover(&sdk, prefix).await?;
+    mint_admin_key(&dynamo_store(&sdk, &resources, Arc::new(SystemClock))).await
+}
+
+#[cfg(not(feature = "aws"))]
+async fn aws_admin_key(_: &str) -> Result<String, BoxError> {
+    Err(entrega_embedded::serve::NO_AWS.into())
 }
 
 #[tokio::main]

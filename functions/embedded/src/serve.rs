@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+#[cfg(feature = "aws")]
 use entrega_aws::emulation::Emulation;
+#[cfg(feature = "aws")]
 use entrega_aws::resources::{aws_services, sdk_config, AwsResources};
 use entrega_core::conditions::Conditions;
 use entrega_core::ports::{
@@ -65,6 +67,10 @@ pub struct ServeConfig {
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a build without the `aws` feature says to `--backend aws`.
+pub const NO_AWS: &str = "this entrega was built without the AWS backend; build it with \
+    `cargo build --release --features aws` (or `cargo install --path functions/embedded --features aws`)";
 
 /// Run until SIGINT or SIGTERM.
 pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
@@ -124,6 +130,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             drop(lock);
             Ok(())
         }
+        #[cfg(not(feature = "aws"))]
+        Backend::Aws { .. } => Err(NO_AWS.into()),
+        #[cfg(feature = "aws")]
         Backend::Aws { prefix } => {
             let sdk = sdk_config().await;
             let resources = AwsResources::discover(&sdk, prefix).await?;

@@ -597,3 +597,23 @@ fn an_unwritable_database_location_names_the_path_and_the_flag() {
         "no key is minted for a server that cannot start"
     );
 }
+
+/// `admin-key` against a file that does not exist refuses, names `--db`, and
+/// creates nothing (a key in a new empty file is one no server knows).
+#[test]
+fn admin_key_refuses_a_database_that_does_not_exist() {
+    let dir = TempDir::new("admin-key");
+    let db = dir.0.join("not-there.db");
+    let out = std::process::Command::new(entrega_bin())
+        .args(["admin-key", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--db") && err.contains("not-there.db"),
+        "{err}"
+    );
+    assert!(!db.exists(), "no database was created");
+}

@@ -2,6 +2,7 @@
 
 mod age_rule;
 mod api_errors;
+#[cfg(feature = "aws")]
 mod aws_backend;
 mod cli;
 mod crash;
