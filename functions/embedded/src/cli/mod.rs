@@ -42,18 +42,27 @@ pub struct ApiArgs {
 pub enum DeliveriesCommand {
     /// The delivery log, newest first.
     List {
+        /// Only this endpoint's deliveries, e.g. ep_0191…
         #[arg(long)]
         endpoint: Option<String>,
+        /// Only this status: pending, delivered, failed or exhausted.
         #[arg(long)]
         status: Option<String>,
+        /// Only this event type, e.g. lead.stage_changed.
         #[arg(long)]
         event_type: Option<String>,
+        /// Created at or after this time (RFC 3339), e.g. 2026-11-29T00:00:00Z.
         #[arg(long)]
         since: Option<DateTime<Utc>>,
+        /// Created before this time (RFC 3339), e.g. 2026-11-30T00:00:00Z.
         #[arg(long)]
         until: Option<DateTime<Utc>>,
+        /// Rows per page, 1 to 200.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Continue where the previous page ended (the `--cursor …` it printed).
+        #[arg(long)]
+        cursor: Option<String>,
     },
     /// One delivery with every attempt.
     Show { id: String },
@@ -82,8 +91,12 @@ pub enum FailuresCommand {
         /// Only acknowledged (true) or only unacknowledged (false) ones.
         #[arg(long)]
         acknowledged: Option<bool>,
+        /// Rows per page, 1 to 200.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Continue where the previous page ended (the `--cursor …` it printed).
+        #[arg(long)]
+        cursor: Option<String>,
     },
     /// Mark a failure analyzed.
     Ack {
@@ -95,7 +108,15 @@ pub enum FailuresCommand {
 
 #[derive(Subcommand)]
 pub enum EndpointsCommand {
-    List,
+    /// Endpoints, newest first.
+    List {
+        /// Rows per page, 1 to 200.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Continue where the previous page ended (the `--cursor …` it printed).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
     Show {
         id: String,
     },
@@ -168,6 +189,7 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
             since,
             until,
             limit,
+            cursor,
         } => {
             let q = query(&[
                 ("endpoint_id", endpoint),
@@ -176,6 +198,7 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
                 ("since", since.map(|t| t.to_rfc3339())),
                 ("until", until.map(|t| t.to_rfc3339())),
                 ("limit", Some(limit.to_string())),
+                ("cursor", cursor),
             ]);
             let page = api.get(&format!("/v1/deliveries{q}")).await?;
             print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
@@ -269,10 +292,12 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
         FailuresCommand::List {
             acknowledged,
             limit,
+            cursor,
         } => {
             let q = query(&[
                 ("acknowledged", acknowledged.map(|a| a.to_string())),
                 ("limit", Some(limit.to_string())),
+                ("cursor", cursor),
             ]);
             print(
                 args,
@@ -310,8 +335,14 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
         }
     };
     match command {
-        EndpointsCommand::List => {
-            print(args, &api.get("/v1/endpoints").await?, columns.0, columns.1)
+        EndpointsCommand::List { limit, cursor } => {
+            let q = query(&[("limit", Some(limit.to_string())), ("cursor", cursor)]);
+            print(
+                args,
+                &api.get(&format!("/v1/endpoints{q}")).await?,
+                columns.0,
+                columns.1,
+            )
         }
         EndpointsCommand::Show { id } => print(
             args,

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::harness::*;
 
 fn entrega(server: &Server, key: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_entrega"))
+    Command::new(entrega_bin())
         .args(args)
         .args(["--url", &server.base])
         .env("ENTREGA_API_KEY", key)
@@ -128,4 +128,46 @@ async fn the_cli_lists_shows_resends_and_acknowledges() {
     let unauthorized = entrega(&server, "ent_wrong", &["endpoints", "list"]);
     assert!(!unauthorized.status.success());
     assert!(String::from_utf8_lossy(&unauthorized.stderr).contains("Unauthorized"));
+}
+
+/// Every list pages with the `--cursor` it prints.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_list_pages_with_the_cursor_it_prints() {
+    let dir = TempDir::new("cli-cursor");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    for path in ["/a", "/b"] {
+        acme.endpoint(json!({"url": receiver.url(path)})).await;
+    }
+    acme.publish("order.placed", json!({"n": 1})).await;
+    eventually(Duration::from_secs(10), "two deliveries", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    for list in [&["deliveries", "list"][..], &["endpoints", "list"][..]] {
+        let first = stdout(&entrega(
+            &server,
+            &acme.key,
+            &[list, &["--limit", "1"]].concat(),
+        ));
+        let cursor = first
+            .split("(more: --cursor ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .unwrap_or_else(|| panic!("{list:?} printed no cursor: {first}"))
+            .to_owned();
+        let next = entrega(
+            &server,
+            &acme.key,
+            &[list, &["--limit", "1", "--cursor", &cursor]].concat(),
+        );
+        assert!(next.status.success(), "{list:?}: {next:?}");
+        let second = stdout(&next);
+        assert!(
+            !second.contains("(more:"),
+            "{list:?} has two rows: {second}"
+        );
+        assert_ne!(first.lines().nth(1), second.lines().nth(1), "{list:?}");
+    }
 }

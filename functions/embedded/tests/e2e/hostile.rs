@@ -454,6 +454,16 @@ async fn hostile_input_gets_clear_errors() {
         .await;
     assert_eq!(ep["url"], format!("http://{}/b?q=1", receiver.addr));
 
+    // A refused target names the flag that allows it.
+    let (status, problem) = acme
+        .post("/v1/endpoints", json!({"url": "http://10.1.2.3/hooks"}))
+        .await;
+    assert_eq!(status, 422);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("--allow-target"),
+        "{problem}"
+    );
+
     // Trailing data after the JSON value.
     let raw = acme
         .client

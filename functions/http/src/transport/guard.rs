@@ -28,11 +28,11 @@ pub struct TargetPolicy {
 pub enum TargetError {
     #[error("not a valid absolute URL")]
     Malformed,
-    #[error("only https targets are allowed (the operator has not allowed http)")]
+    #[error("only https targets are allowed; an operator allows http with --allow-http (ENTREGA_ALLOW_HTTP=1)")]
     SchemeNotAllowed,
     #[error("URLs with a user name or password are not allowed")]
     Credentials,
-    #[error("the target address {0} is in a forbidden range (loopback, private, link-local, …)")]
+    #[error("the target address {0} is in a forbidden range (loopback, private, link-local, …); an operator allows a range with --allow-target CIDR (ENTREGA_ALLOW_TARGETS)")]
     ForbiddenAddress(IpAddr),
 }
 
