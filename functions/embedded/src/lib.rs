@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod http_server;
+pub mod listen;
 pub mod metrics;
 pub mod notifier;
 pub mod runtime;

@@ -39,6 +39,9 @@ enum Command {
     Provision(StorageArgs),
     /// Mint a new admin API key, store its hash, and print the key once.
     AdminKey(StorageArgs),
+    /// A webhook receiver for development: prints each webhook, checks its signature,
+    /// and answers with the status you choose (to rehearse failures).
+    Listen(ListenArgs),
     /// The delivery log.
     Deliveries {
         #[command(flatten)]
@@ -166,6 +169,27 @@ struct ServeArgs {
     log_format: LogFormat,
 }
 
+#[derive(clap::Args)]
+struct ListenArgs {
+    /// Port to receive on, on 127.0.0.1 (0: any free port), e.g. 9000.
+    #[arg(long, default_value_t = 9000)]
+    port: u16,
+    /// The endpoint's `whsec_…` secret (shown when the endpoint is created): each
+    /// webhook's signature is verified with it.
+    #[arg(long, env = "ENTREGA_LISTEN_SECRET", hide_env_values = true)]
+    secret: Option<entrega_core::signature::Secret>,
+    /// The HTTP status to answer with, 100 to 599; e.g. 500 to rehearse a failure.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u16).range(100..=599))]
+    status: u16,
+    /// Wait this long before answering, e.g. 250ms, 12s or 2m (past the endpoint's
+    /// timeout, the attempt times out).
+    #[arg(long, default_value = "0s", value_parser = entrega_embedded::listen::parse_delay)]
+    delay: std::time::Duration,
+    /// Stop after this many webhooks (for scripts); unset: until Ctrl-C.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -227,6 +251,17 @@ async fn run(command: Command) -> Result<(), BoxError> {
             .await
         }
         Command::Provision(args) => provision_aws(&args).await,
+        Command::Listen(args) => {
+            entrega_embedded::listen::listen(entrega_embedded::listen::ListenConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], args.port)),
+                secret: args.secret,
+                status: axum::http::StatusCode::from_u16(args.status)
+                    .map_err(|e| format!("--status: {e}"))?,
+                delay: args.delay,
+                count: args.count,
+            })
+            .await
+        }
         Command::Deliveries { api, command } => Ok(cli::deliveries(&api, command).await?),
         Command::Resend { api, args } => Ok(cli::resend(&api, args).await?),
         Command::Failures { api, command } => Ok(cli::failures(&api, command).await?),

@@ -460,7 +460,10 @@ async fn hostile_input_gets_clear_errors() {
         .await;
     assert_eq!(status, 422);
     assert!(
-        problem["detail"].as_str().unwrap().contains("--allow-target"),
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--allow-target"),
         "{problem}"
     );
 

@@ -12,6 +12,7 @@ mod fuzz;
 mod harness;
 mod hostile;
 mod isolation;
+mod listen;
 mod load;
 mod openapi;
 mod operations;
