@@ -65,21 +65,30 @@ pub enum DeliveriesCommand {
         cursor: Option<String>,
     },
     /// One delivery with every attempt.
-    Show { id: String },
+    Show {
+        /// The delivery's id, e.g. dlv_0191….
+        id: String,
+    },
 }
 
 #[derive(clap::Args)]
 pub struct ResendArgs {
-    /// One delivery to try now.
+    /// One delivery to try now, e.g. dlv_0191…
     pub id: Option<String>,
+    /// Resend this endpoint's deliveries (with --since and --until), e.g. ep_0191…
     #[arg(long, conflicts_with = "id")]
     pub endpoint: Option<String>,
+    /// Resend deliveries in this status: pending, delivered, failed or exhausted.
     #[arg(long, conflicts_with = "id")]
     pub status: Option<String>,
+    /// Resend deliveries of this event type, e.g. lead.stage_changed.
     #[arg(long, conflicts_with = "id")]
     pub event_type: Option<String>,
+    /// Start of the window (RFC 3339; at most 14 days before --until), e.g.
+    /// 2026-11-29T00:00:00Z.
     #[arg(long, conflicts_with = "id", requires = "until")]
     pub since: Option<DateTime<Utc>>,
+    /// End of the window (RFC 3339), e.g. 2026-11-30T00:00:00Z.
     #[arg(long, conflicts_with = "id", requires = "since")]
     pub until: Option<DateTime<Utc>>,
 }
@@ -100,9 +109,16 @@ pub enum FailuresCommand {
     },
     /// Mark a failure analyzed.
     Ack {
+        /// The failure's id, e.g. fail_0191….
         id: String,
+        /// What was found or fixed, e.g. "receiver fixed".
         #[arg(long, default_value = "")]
         note: String,
+    },
+    /// Send a failed delivery again now (its failure record stays for the log).
+    Resend {
+        /// The failure's id, e.g. fail_0191….
+        id: String,
     },
 }
 
@@ -117,18 +133,24 @@ pub enum EndpointsCommand {
         #[arg(long)]
         cursor: Option<String>,
     },
+    /// One endpoint, secret included.
     Show {
+        /// The endpoint's id, e.g. ep_0191….
         id: String,
     },
     /// The last 24 hours of an endpoint.
     Stats {
+        /// The endpoint's id, e.g. ep_0191….
         id: String,
     },
+    /// Pause delivery to an endpoint; its deliveries wait, none is lost.
     Disable {
+        /// The endpoint's id, e.g. ep_0191….
         id: String,
     },
     /// Re-enable; its paused deliveries resume.
     Enable {
+        /// The endpoint's id, e.g. ep_0191….
         id: String,
     },
 }
@@ -311,6 +333,12 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
                 .post(&format!("/v1/failures/{id}/ack"), json!({ "note": note }))
                 .await?;
             print(args, &f, columns.0, columns.1);
+        }
+        FailuresCommand::Resend { id } => {
+            let d = api
+                .post(&format!("/v1/failures/{id}/resend"), json!({}))
+                .await?;
+            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
         }
     }
     Ok(())

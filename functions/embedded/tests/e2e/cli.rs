@@ -128,6 +128,16 @@ async fn the_cli_lists_shows_resends_and_acknowledges() {
     let unauthorized = entrega(&server, "ent_wrong", &["endpoints", "list"]);
     assert!(!unauthorized.status.success());
     assert!(String::from_utf8_lossy(&unauthorized.stderr).contains("Unauthorized"));
+
+    // The failure's own resend: the delivery it names goes out again.
+    let before = receiver.count();
+    let again = entrega(&server, &acme.key, &["failures", "resend", &fid]);
+    assert!(again.status.success(), "{again:?}");
+    assert!(stdout(&again).contains(&dlv), "{}", stdout(&again));
+    eventually(Duration::from_secs(10), "sent once more", || async {
+        (receiver.count() == before + 1).then_some(())
+    })
+    .await;
 }
 
 /// Every list pages with the `--cursor` it prints.
