@@ -171,6 +171,7 @@ fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {
         );
         return;
     }
+    let value = &with_display_numbers(value.clone());
     let rows: Vec<&Value> = match value.get("data").and_then(Value::as_array) {
         Some(rows) => rows.iter().collect(),
         None => vec![value],
@@ -185,9 +186,11 @@ fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {
     }
 }
 
+/// A delivery's row: `GEN` counts resends (1 = the original schedule), `ATTEMPTS` the
+/// attempts of the current generation.
 const DELIVERY_COLUMNS: (&[&str], &[&str]) = (
     &[
-        "ID", "EVENT", "TYPE", "ENDPOINT", "STATUS", "ATTEMPTS", "LAST", "CREATED",
+        "ID", "EVENT", "TYPE", "ENDPOINT", "STATUS", "GEN", "ATTEMPTS", "LAST", "CREATED",
     ],
     &[
         "id",
@@ -195,11 +198,34 @@ const DELIVERY_COLUMNS: (&[&str], &[&str]) = (
         "event_type",
         "endpoint_id",
         "status",
+        "generation_number",
         "attempt_count",
         "last_status_code",
         "created_at",
     ],
 );
+
+/// Add what the tables show but the API does not spell out: the generation counted
+/// from 1, and each attempt numbered `generation.attempt` (`2.1`: the first attempt of
+/// the first resend), so attempts of different generations never share a number.
+fn with_display_numbers(mut value: Value) -> Value {
+    fn label(row: &mut Value) {
+        let generation = row["generation"].as_u64().unwrap_or(0) + 1;
+        row["generation_number"] = json!(generation);
+        if let Some(number) = row["number"].as_u64() {
+            row["attempt"] = json!(format!("{generation}.{number}"));
+        }
+    }
+    if let Some(rows) = value.get_mut("data").and_then(Value::as_array_mut) {
+        rows.iter_mut().for_each(label);
+    } else {
+        label(&mut value);
+    }
+    if let Some(attempts) = value.get_mut("attempts").and_then(Value::as_array_mut) {
+        attempts.iter_mut().for_each(label);
+    }
+    value
+}
 
 pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<(), CliError> {
     let api = client(args)?;
@@ -229,19 +255,20 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
             let d = api.get(&format!("/v1/deliveries/{id}")).await?;
             print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
             if args.output == Output::Table {
-                let attempts = json!({ "data": d["attempts"] });
+                let attempts = json!({ "data": with_display_numbers(d.clone())["attempts"] });
                 println!();
                 print(
                     args,
                     &attempts,
-                    &["#", "STARTED", "MS", "STATUS", "ERROR", "TRIGGER"],
+                    &["#", "STARTED", "MS", "STATUS", "ERROR", "TRIGGER", "BY"],
                     &[
-                        "number",
+                        "attempt",
                         "started_at",
                         "duration_ms",
                         "status_code",
                         "error",
                         "trigger",
+                        "requested_by",
                     ],
                 );
             }

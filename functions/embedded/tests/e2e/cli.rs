@@ -83,6 +83,16 @@ async fn the_cli_lists_shows_resends_and_acknowledges() {
         (receiver.count() == 2).then_some(())
     })
     .await;
+    // Attempts are numbered per generation: the original's 1.1, the resend's 2.1.
+    let shown = eventually(Duration::from_secs(10), "the resend's attempt", || async {
+        let out = stdout(&entrega(&server, &acme.key, &["deliveries", "show", &dlv]));
+        out.lines().any(|l| l.starts_with("2.1 ")).then_some(out)
+    })
+    .await;
+    assert!(
+        shown.lines().any(|l| l.starts_with("1.1 ")) && shown.contains("GEN"),
+        "{shown}"
+    );
 
     // A window resend with a summary; the delivery is delivered now, so filter on it.
     let since = (chrono::Utc::now() - chrono::Duration::minutes(5)).to_rfc3339();
