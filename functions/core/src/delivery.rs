@@ -91,6 +91,12 @@ impl DeliveryState {
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Delivered | Self::Failed | Self::Exhausted)
     }
+
+    /// Counts as waiting work (the tenant's backlog): it will be attempted without
+    /// anyone asking.
+    pub fn is_waiting(self) -> bool {
+        !self.is_terminal() && self != Self::Paused
+    }
 }
 
 /// What started an attempt.

@@ -57,14 +57,22 @@ pub struct InlineFanOut {
 #[async_trait::async_trait]
 impl entrega_http::api::AfterPublish for InlineFanOut {
     async fn published(&self, event: &entrega_core::event::Event) {
-        let done = match fan_out(&self.services, event).await {
-            Ok(_) => self.store.mark_fanned_out(event).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = done {
+        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
             tracing::debug!(event_id = %event.id, error = %e, "fan-out at publish failed; the outbox poller retries it");
         }
     }
+}
+
+/// Fan a committed event out, then mark its outbox row. Marked only after its
+/// deliveries are queued: a crash between the two replays the fan-out, which is
+/// idempotent.
+async fn fan_out_committed(
+    services: &Services,
+    store: &SqliteStore,
+    event: &entrega_core::event::Event,
+) -> Result<(), StoreError> {
+    fan_out(services, event).await?;
+    store.mark_fanned_out(event).await
 }
 
 /// How old an outbox row must be before the poller takes it: younger ones are being
@@ -142,10 +150,7 @@ impl Runtime {
             .outbox_waiting(OUTBOX_BATCH, INLINE_GRACE)
             .await?;
         for event in &events {
-            // Marked only after its deliveries are queued: a crash between the two
-            // replays the fan-out, which is idempotent.
-            fan_out(&self.services, event).await?;
-            self.store.mark_fanned_out(event).await?;
+            fan_out_committed(&self.services, &self.store, event).await?;
         }
         Ok(!events.is_empty())
     }

@@ -86,26 +86,21 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     match &config.backend {
         Backend::Sqlite { db } => {
             let lock = lock_database(db)?;
-            let (mut services, store, delivery_queue) =
-                open_sqlite_parts(db, clock, transport).await?;
+            let (mut services, backlog) = open_sqlite_parts(db, clock, transport).await?;
             if let Some(bytes) = config.max_db_size {
-                store.db().limit_size(bytes).await?;
+                backlog.store.db().limit_size(bytes).await?;
             }
             services.notifier = notifier;
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
-            let backlog = EmbeddedBacklog {
-                store: store.clone(),
-                deliveries: delivery_queue.clone(),
-            };
             let inline = InlineFanOut {
                 services: services.clone(),
-                store: store.clone(),
+                store: backlog.store.clone(),
             };
             let runtime = Runtime {
                 services: services.clone(),
-                store,
-                delivery_queue,
+                store: backlog.store.clone(),
+                delivery_queue: backlog.deliveries.clone(),
                 conditions: conditions.clone(),
             };
             let probe = Probes {
@@ -179,7 +174,8 @@ async fn bind(config: &ServeConfig) -> Result<tokio::net::TcpListener, BoxError>
         })
 }
 
-/// What the process reports about itself: metrics, conditions, backlog.
+/// What the API serves beside the shared router: metrics, conditions, the backlog, and
+/// the runtime's step after a publish.
 struct Probes {
     metrics: Arc<PrometheusMetrics>,
     conditions: Arc<Conditions>,
@@ -225,16 +221,17 @@ pub async fn open_sqlite(
     clock: Arc<dyn Clock>,
     transport: Arc<HttpTransport>,
 ) -> Result<(Services, SqliteStore), BoxError> {
-    let (services, store, _) = open_sqlite_parts(db, clock, transport).await?;
-    Ok((services, store))
+    let (services, backlog) = open_sqlite_parts(db, clock, transport).await?;
+    Ok((services, backlog.store))
 }
 
-/// [`open_sqlite`], also handing back the delivery queue (for the backlog gauge).
+/// [`open_sqlite`], handing back the store and the delivery queue together, as the
+/// backlog gauge that reads them.
 pub async fn open_sqlite_parts(
     db: &std::path::Path,
     clock: Arc<dyn Clock>,
     transport: Arc<HttpTransport>,
-) -> Result<(Services, SqliteStore, SqliteQueue), BoxError> {
+) -> Result<(Services, EmbeddedBacklog), BoxError> {
     let db = SqliteDb::open(db)
         .map_err(|e| format!("cannot open the database {}: {e}", db.display()))?;
     let store = SqliteStore::new(db.clone(), clock.clone());
@@ -250,18 +247,18 @@ pub async fn open_sqlite_parts(
         deliveries: deliveries.clone(),
     };
     let services = Services {
-        store: Arc::new(store.clone()),
+        store: Arc::new(store),
         deliveries: Arc::new(deliveries.clone()),
         failures: Arc::new(failures),
-        scheduler: Arc::new(deliveries.clone()),
+        scheduler: Arc::new(deliveries),
         notifier: Arc::new(EmbeddedNotifier::new(None, None).expect("no SMTP to configure")),
         transport,
         clock,
         metrics: Arc::new(NoMetrics),
-        backlog: Arc::new(backlog),
+        backlog: Arc::new(backlog.clone()),
         settings: Settings::default(),
     };
-    Ok((services, store, deliveries))
+    Ok((services, backlog))
 }
 
 /// Serve the API and run the workers until a signal, then stop both: the API stops
@@ -377,11 +374,8 @@ async fn metrics_handler(
 
 /// Compare secrets in time independent of where they differ.
 fn constant_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    use subtle::ConstantTimeEq;
+    a.as_bytes().ct_eq(b.as_bytes()).into()
 }
 
 /// The admin key from the environment, or on first start a generated one, printed

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Duration as ChronoDuration;
 
-use crate::delivery::{Delivery, DeliveryState};
+use crate::delivery::Delivery;
 use crate::ports::{Services, StoreError};
 use crate::state_machine;
 
@@ -48,7 +48,7 @@ pub async fn resend_delivery(
         services.deliveries.send(vec![message]).await?;
         match services.store.save_delivery(&next, &[]).await {
             Ok(saved) => {
-                if !is_waiting(current.state) {
+                if !current.state.is_waiting() {
                     services.backlog.record(&saved.tenant_id, 1).await?;
                 }
                 return Ok(saved);
@@ -64,10 +64,4 @@ pub async fn resend_delivery(
         }
     }
     Err(StoreError::Conflict(format!("delivery {} kept changing; try again", delivery.id)).into())
-}
-
-/// Whether a delivery in `state` counts as waiting work (the backlog): it will be
-/// attempted without anyone asking.
-pub fn is_waiting(state: DeliveryState) -> bool {
-    !state.is_terminal() && state != DeliveryState::Paused
 }

@@ -14,7 +14,6 @@ use crate::retry::{RetryPolicy, RetrySpec};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
 use super::health;
-use super::resend::is_waiting;
 use super::task::DeliveryTask;
 use super::until;
 use super::webhook::signed_request;
@@ -165,6 +164,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     let gone = report.result.status() == Some(GONE);
     let step = if gone { keep_paused(step, now) } else { step };
     let (attempts, _) = split_actions(&step);
+    let succeeded = report.result.failure_kind().is_none();
     let saved = match store.save_delivery(&step.delivery, &attempts).await {
         Ok(saved) => saved,
         Err(StoreError::Conflict(_)) => {
@@ -172,7 +172,6 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
             // still happened, so its record is kept (under its own generation); the
             // resend queued its own message, so this one has nothing left to do.
             store.append_attempts(&attempts).await?;
-            let succeeded = report.result.failure_kind().is_none();
             health::observe(services, &endpoint, succeeded, now).await?;
             return Ok(Disposition::Done);
         }
@@ -185,7 +184,6 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         health::disable(services, &endpoint, "the receiver answered 410 Gone", now).await?;
         return Ok(Disposition::Done);
     }
-    let succeeded = report.result.failure_kind().is_none();
     health::observe(services, &endpoint, succeeded, now).await?;
     carry_out(services, task, &endpoint, &saved, &step.actions).await
 }
@@ -356,7 +354,7 @@ async fn left_waiting(
     before: DeliveryState,
     after: &Delivery,
 ) -> StoreResult<()> {
-    if is_waiting(before) && !is_waiting(after.state) {
+    if before.is_waiting() && !after.state.is_waiting() {
         services.backlog.record(&after.tenant_id, -1).await?;
     }
     Ok(())

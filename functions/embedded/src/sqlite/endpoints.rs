@@ -30,6 +30,61 @@ fn decode(
     Ok(endpoint)
 }
 
+/// One of the two versioned parts of an endpoint row: its JSON column, its version
+/// column, and what a conflict on it means.
+struct VersionedColumns {
+    json: &'static str,
+    version: &'static str,
+    conflict: &'static str,
+}
+
+impl VersionedColumns {
+    const CONFIG: Self = Self {
+        json: "json",
+        version: "version",
+        conflict: "changed meanwhile or no longer exists",
+    };
+    const HEALTH: Self = Self {
+        json: "health",
+        version: "health_version",
+        conflict: "health changed meanwhile",
+    };
+}
+
+impl SqliteStore {
+    /// Write one part of the endpoint if its stored version is still `expected`, and
+    /// bump that version; a `Conflict` otherwise.
+    async fn versioned_update(
+        &self,
+        part: VersionedColumns,
+        id: &EndpointId,
+        json: String,
+        expected: u64,
+    ) -> StoreResult<()> {
+        let id = id.to_string();
+        self.db
+            .call(move |conn| {
+                let n = conn.execute(
+                    &format!(
+                        "UPDATE endpoints SET {json} = ?2, {version} = {version} + 1
+                         WHERE id = ?1 AND {version} = ?3",
+                        json = part.json,
+                        version = part.version
+                    ),
+                    params![id, json, expected as i64],
+                )?;
+                if n == 0 {
+                    return Err(DbError::Conflict(format!(
+                        "endpoint {id}: {}",
+                        part.conflict
+                    )));
+                }
+                Ok(())
+            })
+            .await
+    }
+}
+
 #[async_trait]
 impl EndpointStore for SqliteStore {
     async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
@@ -68,26 +123,15 @@ impl EndpointStore for SqliteStore {
     async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<Endpoint> {
         let mut next = endpoint.clone();
         next.version += 1;
-        let (id, json, expected) = (
-            next.id.to_string(),
-            config_json(&next),
-            endpoint.version as i64,
-        );
-        self.db
-            .call(move |conn| {
-                let n = conn.execute(
-                    "UPDATE endpoints SET json = ?2, version = version + 1
-                     WHERE id = ?1 AND version = ?3",
-                    params![id, json, expected],
-                )?;
-                if n == 0 {
-                    return Err(DbError::Conflict(format!(
-                        "endpoint {id} changed meanwhile or no longer exists"
-                    )));
-                }
-                Ok(next)
-            })
-            .await
+        let json = config_json(&next);
+        self.versioned_update(
+            VersionedColumns::CONFIG,
+            &endpoint.id,
+            json,
+            endpoint.version,
+        )
+        .await?;
+        Ok(next)
     }
 
     async fn update_endpoint_health(
@@ -97,26 +141,10 @@ impl EndpointStore for SqliteStore {
     ) -> StoreResult<EndpointHealth> {
         let mut next = health.clone();
         next.version += 1;
-        let id = id.to_string();
-        let (json, expected) = (
-            serde_json::to_string(&next).expect("health serialises"),
-            health.version as i64,
-        );
-        self.db
-            .call(move |conn| {
-                let n = conn.execute(
-                    "UPDATE endpoints SET health = ?2, health_version = health_version + 1
-                     WHERE id = ?1 AND health_version = ?3",
-                    params![id, json, expected],
-                )?;
-                if n == 0 {
-                    return Err(DbError::Conflict(format!(
-                        "the health of endpoint {id} changed meanwhile"
-                    )));
-                }
-                Ok(next)
-            })
-            .await
+        let json = serde_json::to_string(&next).expect("health serialises");
+        self.versioned_update(VersionedColumns::HEALTH, id, json, health.version)
+            .await?;
+        Ok(next)
     }
 
     async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()> {

@@ -76,6 +76,7 @@ impl SqliteStore {
     /// The tenants with waiting events are known in memory, and each one's oldest rows
     /// are one index seek away (`outbox_waiting`: fanned_out, tenant_id, seq), so a poll
     /// costs what it returns, not the size of the outbox.
+    ///
     /// Rows younger than `grace` are left to the publish that is fanning them out.
     pub async fn outbox_waiting(
         &self,
