@@ -25,10 +25,29 @@ pub struct Server {
     pub log: PathBuf,
 }
 
+/// What lets the server deliver to receivers on this machine.
+pub const LOOPBACK: [&str; 3] = ["--allow-target", "127.0.0.0/8", "--allow-http"];
+
 impl Server {
     /// Start on `dir/entrega.db` with loopback receivers allowed.
     pub fn start(dir: &TempDir) -> Self {
-        Self::start_with(dir, &["--allow-target", "127.0.0.0/8", "--allow-http"])
+        Self::start_with(dir, &LOOPBACK)
+    }
+
+    /// Start with loopback receivers allowed, and `extra` flags.
+    pub fn start_loopback(dir: &TempDir, extra: &[&str]) -> Self {
+        Self::start_with(dir, &[&LOOPBACK[..], extra].concat())
+    }
+
+    /// `GET /metrics` with `key` as the bearer token: status and body.
+    pub async fn metrics(&self, key: &str) -> (u16, String) {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
     }
 
     pub fn start_with(dir: &TempDir, extra: &[&str]) -> Self {

@@ -188,16 +188,7 @@ async fn a_resend_during_an_attempt_keeps_both_attempts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lost() {
     let dir = TempDir::new("backlog");
-    let server = Server::start_with(
-        &dir,
-        &[
-            "--allow-target",
-            "127.0.0.0/8",
-            "--allow-http",
-            "--max-backlog",
-            "20",
-        ],
-    );
+    let server = Server::start_loopback(&dir, &["--max-backlog", "20"]);
     let (_, acme) = server.admin().tenant("Acme").await;
     let (_, other) = server.admin().tenant("Other").await;
     let receiver = Receiver::answering(503).await;
@@ -237,17 +228,7 @@ async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lo
     );
     let (_, health) = server.admin().get("/healthz").await;
     assert!(health["waiting"].as_u64().unwrap() >= 20, "{health}");
-    let metrics = server
-        .admin()
-        .client
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = server.metrics(ADMIN_KEY).await;
     assert!(metrics.contains("entrega_backlog{"), "{metrics}");
     assert!(
         metrics.contains("entrega_response_seconds_bucket"),
@@ -270,16 +251,7 @@ async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lo
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_database_degrades_cleanly_without_flooding_the_log() {
     let dir = TempDir::new("full");
-    let server = Server::start_with(
-        &dir,
-        &[
-            "--allow-target",
-            "127.0.0.0/8",
-            "--allow-http",
-            "--max-db-size-mb",
-            "1",
-        ],
-    );
+    let server = Server::start_loopback(&dir, &["--max-db-size-mb", "1"]);
     let (_, acme) = server.admin().tenant("Acme").await;
     let receiver = Receiver::answering(200).await;
     acme.endpoint(json!({"url": receiver.url("/")})).await;
@@ -332,11 +304,7 @@ async fn a_full_database_degrades_cleanly_without_flooding_the_log() {
 #[tokio::test(flavor = "multi_thread")]
 async fn half_open_connections_do_not_starve_the_server() {
     let dir = TempDir::new("slowloris");
-    let server = Server::start_with_file_limit(
-        &dir,
-        &["--allow-target", "127.0.0.0/8", "--allow-http"],
-        256,
-    );
+    let server = Server::start_with_file_limit(&dir, &LOOPBACK, 256);
     let addr = server.base.trim_start_matches("http://").to_owned();
     let mut held = Vec::new();
     for _ in 0..400 {
@@ -373,34 +341,12 @@ async fn half_open_connections_do_not_starve_the_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_need_the_admin_key_or_the_metrics_token() {
     let dir = TempDir::new("metrics");
-    let server = Server::start_with(
-        &dir,
-        &[
-            "--allow-target",
-            "127.0.0.0/8",
-            "--allow-http",
-            "--metrics-token",
-            "scrape-token-123",
-        ],
-    );
+    let server = Server::start_loopback(&dir, &["--metrics-token", "scrape-token-123"]);
     let (_, acme) = server.admin().tenant("Acme").await;
-    let get = |key: &str| {
-        let (url, key) = (format!("{}/metrics", server.base), key.to_owned());
-        async move {
-            reqwest::Client::new()
-                .get(url)
-                .bearer_auth(key)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
-    assert_eq!(get("scrape-token-123").await, 200);
-    assert_eq!(get(ADMIN_KEY).await, 200);
-    assert_eq!(get(&acme.key).await, 401);
-    assert_eq!(get("wrong").await, 401);
+    assert_eq!(server.metrics("scrape-token-123").await.0, 200);
+    assert_eq!(server.metrics(ADMIN_KEY).await.0, 200);
+    assert_eq!(server.metrics(&acme.key).await.0, 401);
+    assert_eq!(server.metrics("wrong").await.0, 401);
 }
 
 /// Input that used to be accepted, or answered unclearly.

@@ -31,16 +31,7 @@ async fn publishing_under_load_with_half_open_connections_loses_nothing() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_SECS);
     let dir = TempDir::new("load");
-    let server = Server::start_with(
-        &dir,
-        &[
-            "--allow-target",
-            "127.0.0.0/8",
-            "--allow-http",
-            "--max-backlog",
-            BACKLOG,
-        ],
-    );
+    let server = Server::start_loopback(&dir, &["--max-backlog", BACKLOG]);
     let (_, acme) = server.admin().tenant("Acme").await;
     // A receiver slower than the publishers, so the backlog limit is reached.
     let receiver =

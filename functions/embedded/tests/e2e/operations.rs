@@ -131,15 +131,7 @@ async fn twelve_failures_raise_one_alert_and_three_raise_none() {
         .await
         .unwrap();
     assert_eq!(open.status(), 401, "/metrics names tenants: it needs a key");
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = server.metrics(ADMIN_KEY).await;
     assert!(
         metrics.contains(&format!(
             "entrega_failures_total{{tenant=\"{noisy_id}\"}} 12"

@@ -130,6 +130,47 @@ mod tests {
             assert!(serde_json::from_str::<DeliveryMode>(v).is_ok());
             assert!(serde_json::from_str::<DeliveryModeDoc>(v).is_ok());
         }
+        // Every failure kind, reason and trigger the API can send reads as its doc type.
+        use entrega_core::delivery::Trigger;
+        use entrega_core::failure::FailureReason;
+        use entrega_core::outcome::FailureKind;
+        for kind in [
+            FailureKind::Timeout,
+            FailureKind::ConnectionRefused,
+            FailureKind::Dns,
+            FailureKind::Tls,
+            FailureKind::Transport,
+            FailureKind::Redirect,
+            FailureKind::ClientError,
+            FailureKind::ServerError,
+            FailureKind::UnexpectedStatus,
+            FailureKind::TargetRefused,
+            FailureKind::Interrupted,
+        ] {
+            let v = serde_json::to_value(kind).unwrap();
+            assert!(
+                serde_json::from_value::<FailureKindDoc>(v).is_ok(),
+                "{kind:?}"
+            );
+        }
+        for reason in [
+            FailureReason::Exhausted,
+            FailureReason::NotRetryable,
+            FailureReason::AtMostOnce,
+        ] {
+            let v = serde_json::to_value(reason).unwrap();
+            assert!(
+                serde_json::from_value::<FailureReasonDoc>(v).is_ok(),
+                "{reason:?}"
+            );
+        }
+        for trigger in [Trigger::Scheduled, Trigger::Manual] {
+            let v = serde_json::to_value(trigger).unwrap();
+            assert!(
+                serde_json::from_value::<TriggerDoc>(v).is_ok(),
+                "{trigger:?}"
+            );
+        }
         let id = entrega_core::ids::EndpointId::generate().to_string();
         assert!(regex_lite_match(ENDPOINT_ID, &id));
     }
