@@ -45,6 +45,37 @@ pub struct Failure {
     pub created_at: DateTime<Utc>,
     pub acknowledged_at: Option<DateTime<Utc>>,
     pub ack_note: Option<String>,
+    /// Who acknowledged it: `admin`, `tenant:<id>`, or the resend that delivered it.
+    #[serde(default)]
+    pub acknowledged_by: Option<String>,
+}
+
+impl Failure {
+    /// This record, marked analyzed.
+    pub fn acknowledged(mut self, ack: &Acknowledgement) -> Self {
+        self.acknowledged_at = Some(ack.at);
+        self.ack_note = Some(ack.note.clone());
+        self.acknowledged_by = Some(ack.by.clone());
+        self
+    }
+}
+
+/// A human (or a resend that delivered) marking a failure analyzed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acknowledgement {
+    pub note: String,
+    /// `admin`, `tenant:<id>`.
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+/// What acknowledging a record that is acknowledged already does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reacknowledge {
+    /// The later note wins (a person adding to what they found).
+    Replace,
+    /// The first acknowledgement stays (an automatic one never overwrites a person's).
+    KeepFirst,
 }
 
 /// Filters of the failures list.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::delivery::{Attempt, Delivery, DeliveryStatus};
 use crate::endpoint::{Endpoint, EndpointHealth};
 use crate::event::Event;
-use crate::failure::{Failure, FailureQuery};
+use crate::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
 use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
 use crate::outcome::TransportResult;
 use crate::tenant::{Principal, Tenant};
@@ -81,6 +81,8 @@ pub trait TenantStore: Send + Sync {
     /// Create the tenant and its first API key (stored as a hash) together.
     async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()>;
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>>;
+    /// Every tenant, newest id first, a page at a time.
+    async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>>;
     /// Register a key hash for a principal (the admin key at first start).
     async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()>;
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>>;
@@ -193,12 +195,15 @@ pub trait FailureStore: Send + Sync {
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>>;
     /// Newest first.
     async fn list_failures(&self, query: &FailureQuery) -> StoreResult<Page<Failure>>;
-    /// Mark analyzed, with a note; the failure as stored afterwards.
+    /// Every failure record of one delivery (one per failed generation), oldest first.
+    async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>>;
+    /// Mark analyzed, conditional on the record as read; the failure as stored
+    /// afterwards (`None`: no such record).
     async fn acknowledge_failure(
         &self,
         id: &FailureId,
-        note: &str,
-        at: DateTime<Utc>,
+        ack: &Acknowledgement,
+        again: Reacknowledge,
     ) -> StoreResult<Option<Failure>>;
 }
 

@@ -14,7 +14,7 @@ use entrega_aws::provision::provision;
 use entrega_aws::resources::{dynamo_store, sdk_config, AwsResources, ResourceNames};
 use entrega_core::ports::{Settings, SystemClock};
 use entrega_embedded::cli::{
-    self, ApiArgs, DeliveriesCommand, EndpointsCommand, FailuresCommand, ResendArgs,
+    self, ApiArgs, DeliveriesCommand, EndpointsCommand, FailuresCommand, ResendArgs, TenantsCommand,
 };
 use entrega_embedded::notifier::{AlertWebhook, SmtpRelay};
 use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
@@ -69,6 +69,13 @@ enum Command {
         api: ApiArgs,
         #[command(subcommand)]
         command: EndpointsCommand,
+    },
+    /// Tenants and their API keys.
+    Tenants {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: TenantsCommand,
     },
 }
 
@@ -266,6 +273,7 @@ async fn run(command: Command) -> Result<(), BoxError> {
         Command::Resend { api, args } => Ok(cli::resend(&api, args).await?),
         Command::Failures { api, command } => Ok(cli::failures(&api, command).await?),
         Command::Endpoints { api, command } => Ok(cli::endpoints(&api, command).await?),
+        Command::Tenants { api, command } => Ok(cli::tenants(&api, command).await?),
         Command::AdminKey(args) => {
             let key = match args.backend() {
                 // The store alone: a running `serve` on the same file keeps its work.

@@ -6,7 +6,8 @@ use chrono::Utc;
 use entrega_core::delivery::{Attempt, Delivery, Trigger};
 use entrega_core::endpoint::Endpoint;
 use entrega_core::event::Event;
-use entrega_core::ids::{AttemptId, DeliveryId, EventId, TenantId};
+use entrega_core::failure::{Acknowledgement, Failure, FailureReason, Reacknowledge};
+use entrega_core::ids::{AttemptId, DeliveryId, EndpointId, EventId, FailureId, TenantId};
 use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
@@ -170,4 +171,111 @@ pub async fn remembered_keys_can_be_forgotten(store: &dyn Store) {
     );
     store.forget(&key).await.unwrap();
     assert_eq!(store.remember_once(&key, "3", ttl).await.unwrap(), None);
+}
+
+/// Tenants list newest first, a page at a time, each once.
+pub async fn tenants_list_newest_first_in_pages(store: &dyn Store) {
+    let mine = [
+        tenant(store).await,
+        tenant(store).await,
+        tenant(store).await,
+    ];
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let page = store.list_tenants(2, cursor.as_deref()).await.unwrap();
+        assert!(page.data.len() <= 2);
+        seen.extend(page.data.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    sorted.dedup();
+    assert_eq!(seen, sorted, "newest first, none twice");
+    for t in &mine {
+        assert!(seen.contains(t), "{t} is listed");
+    }
+}
+
+/// A delivery's failure records are found by the delivery; acknowledging replaces or
+/// keeps the first acknowledgement as asked, and says who.
+pub async fn failures_are_found_by_delivery_and_acknowledged(store: &dyn Store) {
+    let t = tenant(store).await;
+    let (delivery, other) = (DeliveryId::generate(), DeliveryId::generate());
+    let failure = |delivery: &DeliveryId, generation: u32| Failure {
+        id: FailureId::for_delivery(delivery, generation, Utc::now().timestamp_millis()),
+        tenant_id: t.clone(),
+        delivery_id: delivery.clone(),
+        event_id: EventId::generate(),
+        event_type: "a.b".into(),
+        endpoint_id: EndpointId::generate(),
+        reason: FailureReason::Exhausted,
+        payload: String::new(),
+        attempt_times: vec![Utc::now()],
+        last_status_code: Some(500),
+        last_error: Some("HTTP 500".into()),
+        created_at: Utc::now(),
+        acknowledged_at: None,
+        ack_note: None,
+        acknowledged_by: None,
+    };
+    let (first, second) = (failure(&delivery, 0), failure(&delivery, 1));
+    for f in [&first, &second, &failure(&other, 0)] {
+        assert!(store.put_failure_if_absent(f).await.unwrap());
+    }
+    let mut found: Vec<_> = store
+        .failures_of_delivery(&delivery)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.id)
+        .collect();
+    found.sort();
+    let mut want = vec![first.id.clone(), second.id.clone()];
+    want.sort();
+    assert_eq!(found, want, "exactly this delivery's records");
+
+    let ack = |note: &str, by: &str| Acknowledgement {
+        note: note.into(),
+        by: by.into(),
+        at: Utc::now(),
+    };
+    let acked = store
+        .acknowledge_failure(&first.id, &ack("fixed", "admin"), Reacknowledge::Replace)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(acked.acknowledged_by.as_deref(), Some("admin"));
+    assert!(acked.acknowledged_at.is_some());
+    let kept = store
+        .acknowledge_failure(&first.id, &ack("auto", "resend"), Reacknowledge::KeepFirst)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        kept.ack_note.as_deref(),
+        Some("fixed"),
+        "a person's note stays"
+    );
+    let stored = store.get_failure(&first.id).await.unwrap().unwrap();
+    assert_eq!(stored.acknowledged_by.as_deref(), Some("admin"));
+    let replaced = store
+        .acknowledge_failure(&first.id, &ack("more", "tenant:x"), Reacknowledge::Replace)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(replaced.acknowledged_by.as_deref(), Some("tenant:x"));
+    let untouched = store.get_failure(&second.id).await.unwrap().unwrap();
+    assert!(untouched.acknowledged_at.is_none());
+    assert!(store
+        .acknowledge_failure(
+            &FailureId::for_delivery(&other, 9, 0),
+            &ack("x", "admin"),
+            Reacknowledge::Replace
+        )
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -4,9 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
-use chrono::{DateTime, Utc};
-use entrega_core::failure::{Failure, FailureQuery};
-use entrega_core::ids::FailureId;
+use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
+use entrega_core::ids::{DeliveryId, FailureId};
 use entrega_core::ports::{CounterStore, EventStore, FailureStore, Page, StoreError, StoreResult};
 
 use super::*;
@@ -14,6 +13,15 @@ use super::*;
 /// The gsi3 partition of every failure (the admin's list). Failures are the rare case
 /// by design; a partition per day is the step if they stop being.
 const ALL_FAILURES: &str = "ALL_FAIL";
+
+/// Reads and conditional writes an acknowledgement tries before reporting a conflict.
+const ACK_TRIES: usize = 3;
+
+/// The gsi4 partition of one delivery's failure records (a delivered resend
+/// acknowledges them).
+fn delivery_failures_pk(delivery: &DeliveryId) -> String {
+    format!("FD#{delivery}")
+}
 
 fn failure_pk(id: &FailureId) -> String {
     format!("FAIL#{id}")
@@ -36,6 +44,11 @@ impl FailureStore for DynamoStore {
         item.insert("gsi1sk".into(), s(failure.id.as_str()));
         item.insert("gsi3pk".into(), s(ALL_FAILURES));
         item.insert("gsi3sk".into(), s(failure.id.as_str()));
+        item.insert(
+            "gsi4pk".into(),
+            s(delivery_failures_pk(&failure.delivery_id)),
+        );
+        item.insert("gsi4sk".into(), s(failure.id.as_str()));
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at());
         match self
             .client
@@ -88,32 +101,56 @@ impl FailureStore for DynamoStore {
         ))
     }
 
+    async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
+        let items = self
+            .query_partition(Some("gsi4"), "gsi4pk", delivery_failures_pk(delivery), None)
+            .await?;
+        let mut failures = Vec::with_capacity(items.len());
+        for item in &items {
+            failures.push(self.with_payload(from_json(item)?).await?);
+        }
+        Ok(failures)
+    }
+
     async fn acknowledge_failure(
         &self,
         id: &FailureId,
-        note: &str,
-        at: DateTime<Utc>,
+        ack: &Acknowledgement,
+        again: Reacknowledge,
     ) -> StoreResult<Option<Failure>> {
-        let item = self.get_main(failure_pk(id)).await?;
-        let Some(item) = item.as_ref() else {
-            return Ok(None);
-        };
-        let mut failure: Failure = from_json(item)?;
-        failure.acknowledged_at = Some(at);
-        failure.ack_note = Some(note.to_owned());
-        // Acknowledging twice is harmless: the later note wins.
-        self.client
-            .update_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(failure_pk(id))))
-            .condition_expression("attribute_exists(pk)")
-            .update_expression("SET #json = :json")
-            .expression_attribute_names("#json", "json")
-            .expression_attribute_values(":json", to_json(&failure))
-            .send()
-            .await
-            .map_err(backend)?;
-        Ok(Some(self.with_payload(failure).await?))
+        for _ in 0..ACK_TRIES {
+            let item = self.get_main(failure_pk(id)).await?;
+            let Some(item) = item.as_ref() else {
+                return Ok(None);
+            };
+            let read: Failure = from_json(item)?;
+            if read.acknowledged_at.is_some() && again == Reacknowledge::KeepFirst {
+                return Ok(Some(self.with_payload(read).await?));
+            }
+            let failure = read.acknowledged(ack);
+            // Conditional on the record as read: two acknowledgements at once (a person
+            // and a delivered resend) never lose one to the other unseen.
+            let written = self
+                .client
+                .update_item()
+                .table_name(&self.main_table)
+                .set_key(Some(key(failure_pk(id))))
+                .condition_expression("#json = :read")
+                .update_expression("SET #json = :json")
+                .expression_attribute_names("#json", "json")
+                .expression_attribute_values(":json", to_json(&failure))
+                .expression_attribute_values(":read", item["json"].clone())
+                .send()
+                .await;
+            match written {
+                Ok(_) => return Ok(Some(self.with_payload(failure).await?)),
+                Err(e) if is_condition_failure(&e) => continue,
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "failure {id} kept changing; try again"
+        )))
     }
 
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {

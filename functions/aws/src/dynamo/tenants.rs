@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use entrega_core::ids::TenantId;
-use entrega_core::ports::{StoreError, StoreResult, TenantStore};
+use entrega_core::ports::{Page, StoreError, StoreResult, TenantStore};
 use entrega_core::tenant::{Principal, Tenant};
 
 use super::*;
@@ -14,6 +14,10 @@ const ADMIN_MARKER: &str = "ADMIN_KEY_EXISTS";
 fn tenant_pk(id: &TenantId) -> String {
     format!("TENANT#{id}")
 }
+
+/// The gsi3 partition of every tenant (the admin's list): tenants are few and made
+/// by hand, so one partition holds them all.
+const ALL_TENANTS: &str = "ALL_TEN";
 
 fn key_pk(hash: &str) -> String {
     format!("KEY#{hash}")
@@ -30,6 +34,8 @@ impl TenantStore for DynamoStore {
     async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
         let mut item = key(tenant_pk(&tenant.id));
         item.insert("json".into(), to_json(tenant));
+        item.insert("gsi3pk".into(), s(ALL_TENANTS));
+        item.insert("gsi3sk".into(), s(tenant.id.as_str()));
         let put_tenant = Put::builder()
             .table_name(&self.main_table)
             .set_item(Some(item))
@@ -67,6 +73,30 @@ impl TenantStore for DynamoStore {
             .as_ref()
             .map(from_json)
             .transpose()
+    }
+
+    async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
+        let part = Partition {
+            index: Some("gsi3"),
+            pk_attr: "gsi3pk",
+            pk: ALL_TENANTS.into(),
+            sk_attr: "gsi3sk",
+        };
+        let mut pages = 0;
+        let found = self
+            .collect_desc(&part, cursor, limit + 1, &|_| true, &mut pages)
+            .await?;
+        let data = found
+            .items
+            .iter()
+            .map(from_json)
+            .collect::<Result<Vec<Tenant>, _>>()?;
+        Ok(Page::from_rows(
+            data,
+            limit,
+            |t| t.id.to_string(),
+            found.more.then_some(found.last_seen).flatten(),
+        ))
     }
 
     async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {

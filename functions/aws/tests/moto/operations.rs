@@ -136,4 +136,6 @@ async fn the_dynamodb_store_conforms() {
     event_ids_are_scoped_to_their_tenant(&store).await;
     deliveries_are_created_once_and_attempts_append(&store).await;
     remembered_keys_can_be_forgotten(&store).await;
+    tenants_list_newest_first_in_pages(&store).await;
+    failures_are_found_by_delivery_and_acknowledged(&store).await;
 }

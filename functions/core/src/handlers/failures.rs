@@ -7,9 +7,10 @@ use std::time::Duration;
 use chrono::{DurationRound, TimeDelta};
 use tracing::{info_span, Instrument};
 
+use crate::delivery::{Delivery, DeliveryState};
 use crate::endpoint::is_operational;
 use crate::event::format_timestamp;
-use crate::failure::{Failure, FailureNotice, FailureReason};
+use crate::failure::{Acknowledgement, Failure, FailureNotice, FailureReason, Reacknowledge};
 use crate::ids::FailureId;
 use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
 
@@ -71,8 +72,17 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
         created_at: services.clock.now(),
         acknowledged_at: None,
         ack_note: None,
+        acknowledged_by: None,
     };
-    if !store.put_failure_if_absent(&failure).await? {
+    let created = store.put_failure_if_absent(&failure).await?;
+    // A resend may have been delivered before this record existed, so the worker found
+    // nothing to acknowledge: look again now that it does.
+    if let Some(current) = store.get_delivery(&delivery.id).await? {
+        if current.generation > notice.generation {
+            acknowledge_resolved(services, &current).await?;
+        }
+    }
+    if !created {
         return Ok(());
     }
     tracing::warn!(failure_id = %failure.id, reason = ?failure.reason, last_error = ?failure.last_error, "delivery failed");
@@ -163,5 +173,37 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
         }),
     };
     send(services, &notice).await;
+    Ok(())
+}
+
+/// A resend that was delivered settles the failure records of the generations before
+/// it: the problem is fixed, so the 24-hour rule must not keep firing for it. The
+/// record says who resent it and when it arrived; a person's own acknowledgement is
+/// never overwritten.
+pub async fn acknowledge_resolved(services: &Services, delivery: &Delivery) -> StoreResult<()> {
+    if delivery.state != DeliveryState::Delivered || delivery.generation == 0 {
+        return Ok(());
+    }
+    let ack = Acknowledgement {
+        note: format!(
+            "delivered by a resend (generation {})",
+            delivery.generation + 1
+        ),
+        by: delivery
+            .requested_by
+            .clone()
+            .unwrap_or_else(|| "resend".into()),
+        at: delivery
+            .delivered_at
+            .unwrap_or_else(|| services.clock.now()),
+    };
+    for failure in services.store.failures_of_delivery(&delivery.id).await? {
+        if failure.acknowledged_at.is_none() {
+            services
+                .store
+                .acknowledge_failure(&failure.id, &ack, Reacknowledge::KeepFirst)
+                .await?;
+        }
+    }
     Ok(())
 }

@@ -103,9 +103,9 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         Ok(step) => step,
         Err(Skip::Busy(at)) => return Ok(Disposition::RetryIn(until(at, now))),
         Err(Skip::Terminal) if task.generation == delivery.generation => {
-            // A crash may have come between the terminal write and the failure notice:
-            // send it again (the failure handler is idempotent).
-            resend_failure_notice(services, &delivery, endpoint.mode).await?;
+            // A crash may have come between the terminal write and what follows it
+            // (a failure notice, an acknowledgement): do it again.
+            settle_terminal(services, &delivery, endpoint.mode).await?;
             return Ok(Disposition::Done);
         }
         Err(skip) => {
@@ -257,10 +257,23 @@ async fn carry_out(
             Action::RecordAttempt(_) | Action::Send => {}
         }
     }
-    if delivery.state.is_terminal() && delivery.state != DeliveryState::Delivered {
-        resend_failure_notice(services, delivery, endpoint.mode).await?;
-    }
+    settle_terminal(services, delivery, endpoint.mode).await?;
     Ok(Disposition::Done)
+}
+
+/// What follows a terminal state, repeated when a message comes back after a crash
+/// (both steps are idempotent): a failure notice for a failed delivery, and for a
+/// resend that was delivered, the acknowledgement of the failures it fixed.
+async fn settle_terminal(
+    services: &Services,
+    delivery: &Delivery,
+    mode: DeliveryMode,
+) -> StoreResult<()> {
+    match delivery.state {
+        DeliveryState::Delivered => super::failures::acknowledge_resolved(services, delivery).await,
+        state if state.is_terminal() => resend_failure_notice(services, delivery, mode).await,
+        _ => Ok(()),
+    }
 }
 
 /// Bring the message back at `at`: by hiding it when the queue allows such a delay,

@@ -96,26 +96,25 @@ fn encode(v: &str) -> String {
 
 /// A plain text table: a header row and aligned columns.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
+    let mut table = comfy_table::Table::new();
+    table
+        .load_style(comfy_table::presets::NOTHING)
+        // Never wrapped to the terminal: ids must stay whole to be copied.
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(headers.iter().copied())
+        .add_rows(rows.iter().cloned());
+    for column in table.column_iter_mut() {
+        column.set_padding((0, COLUMN_GAP));
     }
-    let line = |cells: Vec<String>| {
-        cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_owned()
-    };
-    let mut out = vec![line(headers.iter().map(|h| h.to_string()).collect())];
-    out.extend(rows.iter().map(|r| line(r.clone())));
-    out.join("\n")
+    table
+        .lines()
+        .map(|line| line.trim_end().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
+
+/// Spaces between table columns.
+const COLUMN_GAP: u16 = 2;
 
 /// A JSON value as a table cell.
 pub fn cell(v: &Value) -> String {

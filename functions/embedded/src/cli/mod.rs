@@ -1,11 +1,12 @@
-//! The operator CLI: `entrega deliveries|resend|failures|endpoints …` over the HTTP API
+//! The operator CLI: `entrega deliveries|resend|failures|endpoints|tenants …` over the HTTP API
 //! with a key, so it works against `entrega serve` and the AWS API alike. Human tables
 //! by default, `--output json` for scripts; an API error prints its title and detail and
 //! exits non-zero.
 
 pub mod client;
+mod tenants;
 
-use std::io::Write;
+pub use tenants::{tenants, TenantsCommand};
 
 use chrono::{DateTime, Utc};
 use clap::{Subcommand, ValueEnum};
@@ -277,6 +278,12 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
     Ok(())
 }
 
+/// The batch resend's progress line: it pages through the window, so the total is
+/// known only at the end.
+const PROGRESS_TEMPLATE: &str = "{spinner} resending… {pos} queued ({msg}, {elapsed})";
+/// How often the spinner turns while a page is requested.
+const PROGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(120);
+
 pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
     let api = client(args)?;
     if let Some(id) = r.id {
@@ -299,25 +306,38 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
     body.as_object_mut()
         .expect("an object")
         .retain(|_, v| !v.is_null());
-    let mut total = 0u64;
+    // Drawn on stderr, and only on a terminal: scripts and pipes see the summary alone.
+    let progress = if args.output == Output::Table {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(PROGRESS_TEMPLATE).expect("a valid template"),
+    );
+    progress.enable_steady_tick(PROGRESS_TICK);
     let mut requests = 0u64;
     loop {
-        let answer = api.post("/v1/deliveries/resend", body.clone()).await?;
+        let answer = match api.post("/v1/deliveries/resend", body.clone()).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                progress.abandon();
+                return Err(e);
+            }
+        };
         requests += 1;
-        total += answer["queued"].as_u64().unwrap_or(0);
-        if args.output == Output::Table {
-            eprint!("\rresending… {total} queued");
-            let _ = std::io::stderr().flush();
-        }
+        progress.inc(answer["queued"].as_u64().unwrap_or(0));
+        progress.set_message(format!("{requests} request(s)"));
         match answer["next_cursor"].as_str() {
             Some(cursor) => body["cursor"] = json!(cursor),
             None => break,
         }
     }
+    let total = progress.position();
+    progress.finish_and_clear();
     if args.output == Output::Json {
         println!("{}", json!({ "queued": total, "requests": requests }));
     } else {
-        eprintln!();
         println!("{total} deliveries queued for resend ({requests} request(s))");
     }
     Ok(())
@@ -326,7 +346,9 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
 pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), CliError> {
     let api = client(args)?;
     let columns: (&[&str], &[&str]) = (
-        &["ID", "DELIVERY", "TYPE", "REASON", "LAST", "ERROR", "ACKED"],
+        &[
+            "ID", "DELIVERY", "TYPE", "REASON", "LAST", "ERROR", "ACKED", "BY",
+        ],
         &[
             "id",
             "delivery_id",
@@ -335,6 +357,7 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
             "last_status_code",
             "last_error",
             "acknowledged_at",
+            "acknowledged_by",
         ],
     );
     match command {

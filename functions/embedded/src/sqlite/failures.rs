@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
-use super::{json_row, SqliteStore};
+use super::{json_row, DbError, SqliteStore};
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use entrega_core::failure::{Failure, FailureQuery};
-use entrega_core::ids::FailureId;
+use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
+use entrega_core::ids::{DeliveryId, FailureId};
 use entrega_core::ports::{CounterStore, FailureStore, Page, StoreResult};
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+
+/// Failure records one delivery can have read back at once: one per failed generation,
+/// and a delivery resent this often is a loop, not a history.
+const MAX_FAILURES_PER_DELIVERY: i64 = 1000;
 
 #[async_trait]
 impl FailureStore for SqliteStore {
@@ -57,25 +60,49 @@ impl FailureStore for SqliteStore {
             .await
     }
 
+    async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
+        let delivery = delivery.to_string();
+        self.db
+            .call(move |conn| {
+                // The same expression as the `failures_by_delivery` index, so it is used.
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM failures WHERE json_extract(json, '$.delivery_id') = ?1
+                     ORDER BY id LIMIT ?2",
+                )?;
+                let rows = stmt
+                    .query_map(params![delivery, MAX_FAILURES_PER_DELIVERY], |r| {
+                        r.get::<_, String>(0)
+                    })?
+                    .map(|json| Ok(serde_json::from_str::<Failure>(&json?)?))
+                    .collect::<Result<Vec<_>, DbError>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
     async fn acknowledge_failure(
         &self,
         id: &FailureId,
-        note: &str,
-        at: DateTime<Utc>,
+        ack: &Acknowledgement,
+        again: Reacknowledge,
     ) -> StoreResult<Option<Failure>> {
-        let (id, note) = (id.to_string(), note.to_owned());
+        let (id, ack) = (id.to_string(), ack.clone());
         self.db
             .call(move |conn| {
-                let tx = conn.transaction()?;
+                // Read and write in one transaction: the write is conditional on what
+                // was read, as no other writer can come between.
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let json: Option<String> = tx
                     .query_row("SELECT json FROM failures WHERE id = ?1", [&id], |r| {
                         r.get(0)
                     })
                     .optional()?;
                 let Some(json) = json else { return Ok(None) };
-                let mut failure: Failure = serde_json::from_str(&json)?;
-                failure.acknowledged_at = Some(at);
-                failure.ack_note = Some(note);
+                let failure: Failure = serde_json::from_str(&json)?;
+                if failure.acknowledged_at.is_some() && again == Reacknowledge::KeepFirst {
+                    return Ok(Some(failure));
+                }
+                let failure = failure.acknowledged(&ack);
                 tx.execute(
                     "UPDATE failures SET json = ?2 WHERE id = ?1",
                     params![id, serde_json::to_string(&failure)?],

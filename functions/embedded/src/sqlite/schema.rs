@@ -115,6 +115,7 @@ CREATE TABLE IF NOT EXISTS failures (
     json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS failures_by_tenant ON failures (tenant_id, id);
+CREATE INDEX IF NOT EXISTS failures_by_delivery ON failures (json_extract(json, '$.delivery_id'));
 
 -- Answers to requests made with an Idempotency-Key, kept for a day.
 CREATE TABLE IF NOT EXISTS remembered (

@@ -3,7 +3,7 @@
 use super::{is_unique_violation, json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::ids::TenantId;
-use entrega_core::ports::{StoreResult, TenantStore};
+use entrega_core::ports::{Page, StoreResult, TenantStore};
 use entrega_core::tenant::{Principal, Tenant};
 use rusqlite::params;
 
@@ -43,6 +43,25 @@ impl TenantStore for SqliteStore {
         let id = id.to_string();
         self.db
             .call(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
+            .await
+    }
+
+    async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
+        let cursor = cursor.map(str::to_owned);
+        self.db
+            .call(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM tenants WHERE (?1 IS NULL OR id < ?1)
+                     ORDER BY id DESC LIMIT ?2",
+                )?;
+                let data = stmt
+                    .query_map(params![cursor, (limit + 1) as i64], |r| {
+                        r.get::<_, String>(0)
+                    })?
+                    .map(|json| Ok(serde_json::from_str::<Tenant>(&json?)?))
+                    .collect::<Result<Vec<_>, DbError>>()?;
+                Ok(Page::from_rows(data, limit, |t| t.id.to_string(), None))
+            })
             .await
     }
 

@@ -46,6 +46,7 @@ fn failure(now: chrono::DateTime<Utc>) -> Failure {
         created_at: now,
         acknowledged_at: None,
         ack_note: None,
+        acknowledged_by: None,
     }
 }
 
@@ -100,7 +101,15 @@ async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metr
     for f in [&old, &young] {
         services
             .store
-            .acknowledge_failure(&f.id, "handled", clock.now())
+            .acknowledge_failure(
+                &f.id,
+                &entrega_core::failure::Acknowledgement {
+                    note: "handled".into(),
+                    by: "admin".into(),
+                    at: clock.now(),
+                },
+                entrega_core::failure::Reacknowledge::Replace,
+            )
             .await
             .unwrap();
     }

@@ -191,3 +191,78 @@ async fn every_list_pages_with_the_cursor_it_prints() {
         assert_ne!(first.lines().nth(1), second.lines().nth(1), "{list:?}");
     }
 }
+
+/// `entrega tenants create|list|show`: the key is printed once, the admin lists and
+/// pages, a tenant sees only itself, and the refusals say why.
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_are_created_listed_and_shown() {
+    let dir = TempDir::new("cli-tenants");
+    let server = Server::start(&dir);
+    let created = entrega(
+        &server,
+        ADMIN_KEY,
+        &[
+            "tenants",
+            "create",
+            "--name",
+            "Acme CRM",
+            "--owner-email",
+            "ops@acme.example",
+            "--output",
+            "json",
+        ],
+    );
+    assert!(created.status.success(), "{created:?}");
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let (id, key) = (
+        created["tenant"]["id"].as_str().unwrap(),
+        created["api_key"].as_str().unwrap(),
+    );
+    let table = entrega(
+        &server,
+        ADMIN_KEY,
+        &[
+            "tenants",
+            "create",
+            "--name",
+            "Beta",
+            "--owner-email",
+            "b@beta.example",
+        ],
+    );
+    let table = stdout(&table);
+    assert!(
+        table.starts_with("ID") && table.contains("Beta") && table.contains("api key (shown once"),
+        "{table}"
+    );
+
+    let first = stdout(&entrega(
+        &server,
+        ADMIN_KEY,
+        &["tenants", "list", "--limit", "1"],
+    ));
+    assert!(first.contains("Beta") && !first.contains("Acme"), "{first}");
+    let cursor = first
+        .split("(more: --cursor ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no cursor: {first}"));
+    let second = stdout(&entrega(
+        &server,
+        ADMIN_KEY,
+        &["tenants", "list", "--limit", "1", "--cursor", cursor],
+    ));
+    assert!(
+        second.contains("Acme CRM") && second.contains(id),
+        "{second}"
+    );
+
+    let own = entrega(&server, key, &["tenants", "show", id]);
+    assert!(stdout(&own).contains("ops@acme.example"), "{own:?}");
+    let refused = entrega(&server, key, &["tenants", "list"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("admin key"),
+        "{refused:?}"
+    );
+}

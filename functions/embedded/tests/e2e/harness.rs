@@ -18,6 +18,15 @@ pub fn entrega_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_entrega")))
 }
 
+/// A free loopback port (bound, then released for a child process to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A running `entrega serve`.
 pub struct Server {
     child: Child,

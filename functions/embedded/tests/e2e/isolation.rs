@@ -90,3 +90,48 @@ async fn tenant_b_cannot_see_or_change_tenant_a() {
     let (status, _) = server.admin().get(&format!("/v1/deliveries/{dlv}")).await;
     assert_eq!(status, 200);
 }
+
+/// The admin lists tenants a page at a time; a tenant reads only itself, and another
+/// tenant's id is a 404, as for every resource.
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_are_listed_by_admin_and_read_by_themselves() {
+    let dir = TempDir::new("tenants");
+    let server = Server::start(&dir);
+    let admin = server.admin();
+    let (a, acme) = admin.tenant("Acme").await;
+    let (b, _) = admin.tenant("Beta").await;
+    let (c, _) = admin.tenant("Gamma").await;
+
+    let (status, first) = admin.get("/v1/tenants?limit=2").await;
+    assert_eq!(status, 200, "{first}");
+    let ids: Vec<&str> = first["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [c.as_str(), b.as_str()], "newest first");
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (_, rest) = admin
+        .get(&format!("/v1/tenants?limit=2&cursor={cursor}"))
+        .await;
+    assert_eq!(rest["data"][0]["id"], a.as_str());
+    assert_eq!(rest["data"][0]["name"], "Acme");
+    assert!(rest["next_cursor"].is_null());
+    assert!(
+        rest["data"][0].get("api_key").is_none(),
+        "keys are never listed"
+    );
+
+    assert_eq!(acme.get("/v1/tenants").await.0, 403, "admin only");
+    let (status, own) = acme.get(&format!("/v1/tenants/{a}")).await;
+    assert_eq!(
+        (status, own["owner_email"].as_str()),
+        (200, Some("owner@example.com"))
+    );
+    assert_eq!(acme.get(&format!("/v1/tenants/{b}")).await.0, 404);
+    assert_eq!(admin.get(&format!("/v1/tenants/{b}")).await.0, 200);
+    assert_eq!(admin.get("/v1/tenants/ten_nope").await.0, 404);
+    let (status, bad) = admin.get("/v1/tenants?cursor=ep_x").await;
+    assert_eq!(status, 400, "{bad}");
+}

@@ -10,15 +10,6 @@ use serde_json::json;
 
 use crate::harness::*;
 
-/// A free loopback port (bound, then released for the listener to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Start `entrega listen` and wait for its first line.
 fn start_listen(args: &[&str]) -> Child {
     let mut child = Command::new(entrega_bin())

@@ -87,6 +87,22 @@ async fn resend_after_recovery_restarts_the_count_and_signs_with_the_rotated_sec
         .as_str()
         .unwrap()
         .starts_with("tenant:"));
+
+    // The failure of the first generation is settled by the resend that delivered it,
+    // saying who resent it: the 24-hour rule no longer fires for a fixed problem.
+    let settled = eventually(Duration::from_secs(10), "acknowledged", || async {
+        let (_, page) = acme.get("/v1/failures").await;
+        page["data"]
+            .as_array()
+            .and_then(|d| d.first().cloned())
+            .filter(|f| f["acknowledged_at"].is_string())
+    })
+    .await;
+    assert_eq!(settled["delivery_id"], dlv.as_str());
+    assert_eq!(settled["acknowledged_by"], attempts[2]["requested_by"]);
+    assert!(settled["ack_note"].as_str().unwrap().contains("resend"));
+    let (_, open) = acme.get("/v1/failures?acknowledged=false").await;
+    assert!(open["data"].as_array().unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -150,6 +166,10 @@ async fn failures_can_be_listed_read_acknowledged_and_resent() {
     assert_eq!(status, 200);
     assert_eq!(acked["ack_note"], "receiver fixed");
     assert!(acked["acknowledged_at"].is_string());
+    assert!(acked["acknowledged_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("tenant:ten_"));
     let (_, open) = acme.get("/v1/failures?acknowledged=false").await;
     assert!(
         open["data"].as_array().unwrap().is_empty(),
@@ -185,6 +205,11 @@ async fn failures_can_be_listed_read_acknowledged_and_resent() {
     );
     assert!(stats["median_ms"].is_u64() && stats["p95_ms"].is_u64());
     assert_eq!(stats["last_error"], "client_error: HTTP 400");
+    let (_, kept) = acme.get(&format!("/v1/failures/{fid}")).await;
+    assert_eq!(
+        kept["ack_note"], "receiver fixed",
+        "a delivered resend never overwrites a person's acknowledgement"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use entrega_core::failure::{Failure, FailureQuery};
+use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
 use entrega_core::ids::{FailureId, TenantId};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -133,7 +133,15 @@ pub(super) async fn ack_failure(
     let acked = state
         .services
         .store
-        .acknowledge_failure(&failure.id, &note, state.services.clock.now())
+        .acknowledge_failure(
+            &failure.id,
+            &Acknowledgement {
+                note,
+                by: caller.label(),
+                at: state.services.clock.now(),
+            },
+            Reacknowledge::Replace,
+        )
         .await?
         .ok_or_else(|| ApiError::not_found("failure", &id))?;
     Ok(Json(FailureView::from(&acked)))

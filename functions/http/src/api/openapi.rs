@@ -21,6 +21,8 @@ use super::AppState;
         super::healthz,
         openapi_json,
         super::tenants::create_tenant,
+        super::tenants::list_tenants,
+        super::tenants::get_tenant,
         super::endpoints::create_endpoint,
         super::endpoints::list_endpoints,
         super::endpoints::get_endpoint,
@@ -42,7 +44,7 @@ use super::AppState;
     components(schemas(super::schemas::Problem)),
     modifiers(&BearerKey),
     tags(
-        (name = "tenants", description = "Tenants and their API keys (admin)"),
+        (name = "tenants", description = "Tenants and their API keys (admin; a tenant may read its own)"),
         (name = "endpoints", description = "Where webhooks go"),
         (name = "events", description = "Publishing, and what became of an event"),
         (name = "deliveries", description = "The delivery log and resending"),

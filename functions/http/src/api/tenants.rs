@@ -1,21 +1,22 @@
-//! `POST /v1/tenants` (admin): create a tenant and its first API key.
+//! `/v1/tenants`: create a tenant and its first API key, list them (admin), and read
+//! one (admin, or the tenant itself).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use entrega_core::ids::TenantId;
 use entrega_core::ports::StoreError;
 use entrega_core::tenant::{generate_api_key, hash_api_key, Tenant};
 use serde::Deserialize;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::JsonBody;
+use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::schemas::ProblemResponses;
-use super::views::{TenantCreated, TenantView};
-use super::AppState;
+use super::views::{Page, TenantCreated, TenantView};
+use super::{page_cursor, page_limit, AppState};
 
 /// Longest tenant name.
 const MAX_NAME_LEN: usize = 200;
@@ -103,6 +104,65 @@ fn looks_like_email(s: &str) -> bool {
     }
 }
 
+/// `GET /v1/tenants` parameters.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct ListTenants {
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    #[param(pattern = "^ten_[0-9a-f]{32}$")]
+    cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants", params(ListTenants),
+    responses((status = 200, description = "A page, newest first", body = Page<TenantView>), ProblemResponses),
+    security(("api_key" = [])))]
+#[tracing::instrument(skip_all)]
+pub(super) async fn list_tenants(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: QueryMap,
+) -> ApiResult<Json<Page<TenantView>>> {
+    caller.require_admin()?;
+    let limit = page_limit(&query)?;
+    let page = state
+        .services
+        .store
+        .list_tenants(limit, page_cursor::<TenantId>(&query)?.as_deref())
+        .await?;
+    Ok(Json(Page::of(page, |t| TenantView::from(t))))
+}
+
+#[utoipa::path(get, path = "/v1/tenants/{id}", tag = "tenants",
+    params(("id" = String, Path, pattern = "^ten_[0-9a-f]{32}$")),
+    responses((status = 200, description = "The tenant", body = TenantView), ProblemResponses),
+    security(("api_key" = [])))]
+#[tracing::instrument(skip_all, fields(tenant_id = %id))]
+pub(super) async fn get_tenant(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<TenantView>> {
+    // Another tenant's id is a 404, as for every resource: a key learns nothing of
+    // the tenants it does not belong to.
+    let not_found = || ApiError::not_found("tenant", &id);
+    let tenant_id: TenantId = id.parse().map_err(|_| not_found())?;
+    if !caller.can_see(&tenant_id) {
+        return Err(not_found());
+    }
+    let tenant = state
+        .services
+        .store
+        .get_tenant(&tenant_id)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Json(TenantView::from(&tenant)))
+}
+
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/tenants", post(create_tenant))
+    Router::new()
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{id}", get(get_tenant))
 }

@@ -236,6 +236,8 @@ pub struct FailureView {
     #[schema(format = DateTime)]
     pub acknowledged_at: Option<String>,
     pub ack_note: Option<String>,
+    /// Who acknowledged it: `admin`, `tenant:<id>`, or the resend that delivered it.
+    pub acknowledged_by: Option<String>,
 }
 
 impl From<&Failure> for FailureView {
@@ -255,6 +257,7 @@ impl From<&Failure> for FailureView {
             created_at: ts(f.created_at),
             acknowledged_at: f.acknowledged_at.map(ts),
             ack_note: f.ack_note.clone(),
+            acknowledged_by: f.acknowledged_by.clone(),
         }
     }
 }
