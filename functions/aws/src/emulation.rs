@@ -38,7 +38,7 @@ const SCHEDULE_POLL: Duration = Duration::from_secs(1);
 pub struct Emulation {
     pub services: Services,
     pub resources: AwsResources,
-    pub sdk: aws_config::SdkConfig,
+    pub clients: crate::resources::AwsClients,
 }
 
 impl Emulation {
@@ -53,8 +53,8 @@ impl Emulation {
     }
 
     async fn stream_loop(self, mut shutdown: watch::Receiver<bool>) {
-        let streams = aws_sdk_dynamodbstreams::Client::new(&self.sdk);
-        let dynamo = aws_sdk_dynamodb::Client::new(&self.sdk);
+        let streams = self.clients.streams.clone();
+        let dynamo = self.clients.dynamo.clone();
         // Per shard: the sequence number to resume after.
         let mut checkpoints: HashMap<String, String> = HashMap::new();
         while !*shutdown.borrow() {
@@ -170,7 +170,7 @@ impl Emulation {
     }
 
     async fn queue_loop(self, deliveries: bool, mut shutdown: watch::Receiver<bool>) {
-        let sqs = aws_sdk_sqs::Client::new(&self.sdk);
+        let sqs = self.clients.sqs.clone();
         let url = if deliveries {
             self.resources.delivery_queue_url.clone()
         } else {
@@ -234,8 +234,8 @@ impl Emulation {
     }
 
     async fn schedule_loop(self, mut shutdown: watch::Receiver<bool>) {
-        let scheduler = aws_sdk_scheduler::Client::new(&self.sdk);
-        let sqs = aws_sdk_sqs::Client::new(&self.sdk);
+        let scheduler = self.clients.scheduler.clone();
+        let sqs = self.clients.sqs.clone();
         let mut last_age_check = std::time::Instant::now() - AGE_CHECK_INTERVAL;
         while !*shutdown.borrow() {
             if let Err(e) = self.fire_due_schedules(&scheduler, &sqs).await {

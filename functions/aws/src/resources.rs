@@ -152,14 +152,63 @@ pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, S
         .ok_or_else(|| format!("queue {url} has no ARN"))
 }
 
+/// Every AWS client the runtime uses, built once from one SDK configuration. The
+/// interceptors (none in production) see every call: the cost benchmark counts them.
+#[derive(Clone, Debug)]
+pub struct AwsClients {
+    pub dynamo: aws_sdk_dynamodb::Client,
+    pub streams: aws_sdk_dynamodbstreams::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub scheduler: aws_sdk_scheduler::Client,
+    pub sns: aws_sdk_sns::Client,
+    pub ses: aws_sdk_sesv2::Client,
+}
+
+impl AwsClients {
+    pub fn new(sdk: &aws_config::SdkConfig) -> Self {
+        Self::with_interceptors(sdk, &[])
+    }
+
+    pub fn with_interceptors(
+        sdk: &aws_config::SdkConfig,
+        interceptors: &[aws_sdk_dynamodb::config::SharedInterceptor],
+    ) -> Self {
+        macro_rules! client {
+            ($sdk_crate:ident) => {{
+                let mut config = $sdk_crate::config::Builder::from(sdk);
+                for i in interceptors {
+                    config.push_interceptor(i.clone());
+                }
+                $sdk_crate::Client::from_conf(config.build())
+            }};
+        }
+        Self {
+            dynamo: client!(aws_sdk_dynamodb),
+            streams: client!(aws_sdk_dynamodbstreams),
+            sqs: client!(aws_sdk_sqs),
+            scheduler: client!(aws_sdk_scheduler),
+            sns: client!(aws_sdk_sns),
+            ses: client!(aws_sdk_sesv2),
+        }
+    }
+}
+
 /// The store over the resources' tables (the API needs only this and the queues).
 pub fn dynamo_store(
     sdk: &aws_config::SdkConfig,
     r: &AwsResources,
     clock: Arc<dyn Clock>,
 ) -> DynamoStore {
+    store_on(&aws_sdk_dynamodb::Client::new(sdk), r, clock)
+}
+
+fn store_on(
+    client: &aws_sdk_dynamodb::Client,
+    r: &AwsResources,
+    clock: Arc<dyn Clock>,
+) -> DynamoStore {
     DynamoStore::new(
-        aws_sdk_dynamodb::Client::new(sdk),
+        client.clone(),
         r.main_table.clone(),
         r.outbox_table.clone(),
         clock,
@@ -174,23 +223,38 @@ pub fn aws_services(
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
 ) -> Services {
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    let store = Arc::new(dynamo_store(sdk, r, clock.clone()));
+    services_on(&AwsClients::new(sdk), r, transport, clock)
+}
+
+/// Every port over the given clients.
+pub fn services_on(
+    clients: &AwsClients,
+    r: &AwsResources,
+    transport: Arc<dyn Transport>,
+    clock: Arc<dyn Clock>,
+) -> Services {
+    let store = Arc::new(store_on(&clients.dynamo, r, clock.clone()));
     Services {
         store: store.clone(),
         backlog: store,
-        deliveries: Arc::new(SqsQueue::new(sqs.clone(), r.delivery_queue_url.clone())),
-        failures: Arc::new(SqsQueue::new(sqs, r.failure_queue_url.clone())),
+        deliveries: Arc::new(SqsQueue::new(
+            clients.sqs.clone(),
+            r.delivery_queue_url.clone(),
+        )),
+        failures: Arc::new(SqsQueue::new(
+            clients.sqs.clone(),
+            r.failure_queue_url.clone(),
+        )),
         scheduler: Arc::new(EventBridgeScheduler::new(
-            aws_sdk_scheduler::Client::new(sdk),
+            clients.scheduler.clone(),
             r.schedule_group.clone(),
             r.scheduler_role_arn.clone(),
             r.delivery_queue_arn.clone(),
         )),
         notifier: Arc::new(AwsNotifier::new(
-            aws_sdk_sns::Client::new(sdk),
+            clients.sns.clone(),
             r.alert_topic_arn.clone(),
-            aws_sdk_sesv2::Client::new(sdk),
+            clients.ses.clone(),
             r.notice_from.clone(),
         )),
         transport,

@@ -51,10 +51,13 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// This record, marked analyzed.
+    /// This record, marked analyzed. An acknowledgement without a note keeps the
+    /// earlier note: acknowledging again must not erase what someone wrote.
     pub fn acknowledged(mut self, ack: &Acknowledgement) -> Self {
         self.acknowledged_at = Some(ack.at);
-        self.ack_note = Some(ack.note.clone());
+        if !ack.note.is_empty() || self.ack_note.is_none() {
+            self.ack_note = Some(ack.note.clone());
+        }
         self.acknowledged_by = Some(ack.by.clone());
         self
     }
@@ -87,4 +90,43 @@ pub struct FailureQuery {
     pub acknowledged: Option<bool>,
     pub limit: usize,
     pub cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{DeliveryId, EndpointId, EventId, TenantId};
+
+    #[test]
+    fn acknowledging_without_a_note_keeps_the_earlier_note() {
+        let delivery = DeliveryId::generate();
+        let failure = Failure {
+            id: FailureId::for_delivery(&delivery, 0, 0),
+            tenant_id: TenantId::generate(),
+            delivery_id: delivery,
+            event_id: EventId::generate(),
+            event_type: "a.b".into(),
+            endpoint_id: EndpointId::generate(),
+            reason: FailureReason::Exhausted,
+            payload: "{}".into(),
+            attempt_times: vec![],
+            last_status_code: None,
+            last_error: None,
+            created_at: Utc::now(),
+            acknowledged_at: None,
+            ack_note: None,
+            acknowledged_by: None,
+        };
+        let ack = |note: &str, by: &str| Acknowledgement {
+            note: note.into(),
+            by: by.into(),
+            at: Utc::now(),
+        };
+        let first = failure.acknowledged(&ack("receiver fixed", "admin"));
+        let again = first.clone().acknowledged(&ack("", "tenant:x"));
+        assert_eq!(again.ack_note.as_deref(), Some("receiver fixed"));
+        assert_eq!(again.acknowledged_by.as_deref(), Some("tenant:x"));
+        let replaced = again.acknowledged(&ack("more", "admin"));
+        assert_eq!(replaced.ack_note.as_deref(), Some("more"));
+    }
 }

@@ -90,7 +90,7 @@ struct StorageArgs {
     /// Where the data lives.
     #[arg(long, env = "ENTREGA_BACKEND", value_enum, default_value = "sqlite")]
     backend: BackendKind,
-    /// The SQLite database file (created if missing).
+    /// The SQLite database file (`serve` creates it if missing; `admin-key` needs it).
     #[arg(long, env = "ENTREGA_DB", default_value = "./entrega.db")]
     db: PathBuf,
     /// Name prefix of the AWS resources (a deployed stack's name).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 #[cfg(feature = "aws")]
 use entrega_aws::emulation::Emulation;
 #[cfg(feature = "aws")]
-use entrega_aws::resources::{aws_services, sdk_config, AwsResources};
+use entrega_aws::resources::{sdk_config, services_on, AwsClients, AwsResources};
 use entrega_core::conditions::Conditions;
 use entrega_core::ports::{
     Clock, NoMetrics, Notifier, Services, Settings, SystemClock, TenantStore,
@@ -131,7 +131,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
         Backend::Aws { prefix } => {
             let sdk = sdk_config().await;
             let resources = AwsResources::discover(&sdk, prefix).await?;
-            let mut services = aws_services(&sdk, &resources, transport, clock);
+            let clients = AwsClients::new(&sdk);
+            let mut services = services_on(&clients, &resources, transport, clock);
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
             let listener = bind(&config).await?;
@@ -139,7 +140,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             let emulation = Emulation {
                 services: services.clone(),
                 resources,
-                sdk,
+                clients,
             };
             let probe = Probes {
                 metrics,

@@ -81,7 +81,7 @@ impl Stack {
         Emulation {
             services: self.services.clone(),
             resources: self.resources.clone(),
-            sdk: self.sdk.clone(),
+            clients: entrega_aws::resources::AwsClients::new(&self.sdk),
         }
     }
 }

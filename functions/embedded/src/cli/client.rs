@@ -58,7 +58,15 @@ impl Client {
             .as_str()
             .unwrap_or(status.canonical_reason().unwrap_or("error"));
         let detail = json["detail"].as_str().unwrap_or(text.as_str());
-        Err(CliError(format!("{title} ({}): {detail}", status.as_u16())))
+        let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+            " (check --api-key or ENTREGA_API_KEY)"
+        } else {
+            ""
+        };
+        Err(CliError(format!(
+            "{title} ({}): {detail}{hint}",
+            status.as_u16()
+        )))
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, CliError> {
@@ -81,6 +89,12 @@ pub fn query(params: &[(&str, Option<String>)]) -> String {
     } else {
         format!("?{}", set.join("&"))
     }
+}
+
+/// An id as one path segment: encoded, so `../endpoints` or `a/b` can never name
+/// another route (the dots too: `.` and `..` are path steps).
+pub fn segment(id: &str) -> String {
+    encode(id).replace('.', "%2E")
 }
 
 fn encode(v: &str) -> String {
@@ -116,13 +130,24 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 /// Spaces between table columns.
 const COLUMN_GAP: u16 = 2;
 
-/// A JSON value as a table cell.
+/// A JSON value as a table cell. Control characters are shown escaped, never sent to
+/// the terminal: a name or a response excerpt must not be able to move the cursor,
+/// recolour the screen or hide text.
 pub fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
+    let text = match v {
+        Value::Null => return "-".into(),
         Value::String(s) => s.clone(),
         other => other.to_string(),
-    }
+    };
+    text.chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}') {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -133,6 +158,11 @@ mod tests {
     fn queries_are_encoded_and_tables_aligned() {
         assert_eq!(query(&[("a", Some("x y".into())), ("b", None)]), "?a=x%20y");
         assert_eq!(query(&[("a", None)]), "");
+        assert_eq!(segment("../endpoints"), "%2E%2E%2Fendpoints");
+        assert_eq!(
+            cell(&Value::String("\u{1b}[31mred".into())),
+            "\\u{1b}[31mred"
+        );
         assert_eq!(
             table(&["ID", "S"], &[vec!["abc".into(), "ok".into()]]),
             "ID   S\nabc  ok"

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
-use client::{cell, query, table, CliError, Client};
+use client::{cell, query, segment, table, CliError, Client};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -53,10 +53,10 @@ pub enum DeliveriesCommand {
         #[arg(long)]
         event_type: Option<String>,
         /// Created at or after this time (RFC 3339), e.g. 2026-11-29T00:00:00Z.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_time)]
         since: Option<DateTime<Utc>>,
         /// Created before this time (RFC 3339), e.g. 2026-11-30T00:00:00Z.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_time)]
         until: Option<DateTime<Utc>>,
         /// Rows per page, 1 to 200.
         #[arg(long, default_value_t = 50)]
@@ -87,10 +87,10 @@ pub struct ResendArgs {
     pub event_type: Option<String>,
     /// Start of the window (RFC 3339; at most 14 days before --until), e.g.
     /// 2026-11-29T00:00:00Z.
-    #[arg(long, conflicts_with = "id", requires = "until")]
+    #[arg(long, conflicts_with = "id", requires = "until", value_parser = parse_time)]
     pub since: Option<DateTime<Utc>>,
     /// End of the window (RFC 3339), e.g. 2026-11-30T00:00:00Z.
-    #[arg(long, conflicts_with = "id", requires = "since")]
+    #[arg(long, conflicts_with = "id", requires = "since", value_parser = parse_time)]
     pub until: Option<DateTime<Utc>>,
 }
 
@@ -112,9 +112,10 @@ pub enum FailuresCommand {
     Ack {
         /// The failure's id, e.g. fail_0191….
         id: String,
-        /// What was found or fixed, e.g. "receiver fixed".
-        #[arg(long, default_value = "")]
-        note: String,
+        /// What was found or fixed, e.g. "receiver fixed" (without it, an earlier
+        /// note is kept).
+        #[arg(long)]
+        note: Option<String>,
     },
     /// Send a failed delivery again now (its failure record stays for the log).
     Resend {
@@ -154,6 +155,13 @@ pub enum EndpointsCommand {
         /// The endpoint's id, e.g. ep_0191….
         id: String,
     },
+}
+
+/// A time flag: RFC 3339, and an error that shows the form.
+fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{e}: expected an RFC 3339 time, e.g. 2026-11-29T00:00:00Z"))
 }
 
 fn client(args: &ApiArgs) -> Result<Client, CliError> {
@@ -253,7 +261,7 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
             print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
         }
         DeliveriesCommand::Show { id } => {
-            let d = api.get(&format!("/v1/deliveries/{id}")).await?;
+            let d = api.get(&format!("/v1/deliveries/{}", segment(&id))).await?;
             print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
             if args.output == Output::Table {
                 let attempts = json!({ "data": with_display_numbers(d.clone())["attempts"] });
@@ -288,7 +296,10 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
     let api = client(args)?;
     if let Some(id) = r.id {
         let d = api
-            .post(&format!("/v1/deliveries/{id}/resend"), json!({}))
+            .post(
+                &format!("/v1/deliveries/{}/resend", segment(&id)),
+                json!({}),
+            )
             .await?;
         print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
         return Ok(());
@@ -315,6 +326,7 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
     progress.set_style(
         indicatif::ProgressStyle::with_template(PROGRESS_TEMPLATE).expect("a valid template"),
     );
+    progress.set_message("0 requests");
     progress.enable_steady_tick(PROGRESS_TICK);
     let mut requests = 0u64;
     loop {
@@ -380,13 +392,19 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
         }
         FailuresCommand::Ack { id, note } => {
             let f = api
-                .post(&format!("/v1/failures/{id}/ack"), json!({ "note": note }))
+                .post(
+                    &format!("/v1/failures/{}/ack", segment(&id)),
+                    match note {
+                        Some(note) => json!({ "note": note }),
+                        None => json!({}),
+                    },
+                )
                 .await?;
             print(args, &f, columns.0, columns.1);
         }
         FailuresCommand::Resend { id } => {
             let d = api
-                .post(&format!("/v1/failures/{id}/resend"), json!({}))
+                .post(&format!("/v1/failures/{}/resend", segment(&id)), json!({}))
                 .await?;
             print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
         }
@@ -401,7 +419,7 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
         &["id", "url", "event_types", "mode", "retry", "disabled"],
     );
     let patch = |id: &str, disabled: bool| {
-        let path = format!("/v1/endpoints/{id}");
+        let path = format!("/v1/endpoints/{}", segment(id));
         let api = &api;
         async move {
             api.call(
@@ -422,14 +440,20 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
                 columns.1,
             )
         }
-        EndpointsCommand::Show { id } => print(
-            args,
-            &api.get(&format!("/v1/endpoints/{id}")).await?,
-            columns.0,
-            columns.1,
-        ),
+        EndpointsCommand::Show { id } => {
+            let endpoint = api.get(&format!("/v1/endpoints/{}", segment(&id))).await?;
+            print(args, &endpoint, columns.0, columns.1);
+            if args.output == Output::Table {
+                println!("\nsecret: {}", cell(&endpoint["secret"]));
+                if !endpoint["disabled_reason"].is_null() {
+                    println!("disabled: {}", cell(&endpoint["disabled_reason"]));
+                }
+            }
+        }
         EndpointsCommand::Stats { id } => {
-            let stats = api.get(&format!("/v1/endpoints/{id}/stats")).await?;
+            let stats = api
+                .get(&format!("/v1/endpoints/{}/stats", segment(&id)))
+                .await?;
             print(
                 args,
                 &stats,

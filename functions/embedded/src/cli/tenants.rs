@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use serde_json::{json, Value};
 
-use super::client::{query, CliError};
+use super::client::{query, segment, CliError};
 use super::{client, print, ApiArgs, Output};
 
 #[derive(Subcommand)]
@@ -75,7 +75,7 @@ pub async fn tenants(args: &ApiArgs, command: TenantsCommand) -> Result<(), CliE
         TenantsCommand::Show { id } => {
             print(
                 args,
-                &api.get(&format!("/v1/tenants/{id}")).await?,
+                &api.get(&format!("/v1/tenants/{}", segment(&id))).await?,
                 HEADERS,
                 FIELDS,
             );

@@ -259,6 +259,22 @@ async fn tenants_are_created_listed_and_shown() {
 
     let own = entrega(&server, key, &["tenants", "show", id]);
     assert!(stdout(&own).contains("ops@acme.example"), "{own:?}");
+    let traversal = entrega(&server, key, &["tenants", "show", "../endpoints"]);
+    assert!(!traversal.status.success(), "an id is one path segment");
+    let bad_time = entrega(
+        &server,
+        key,
+        &["deliveries", "list", "--since", "2026-11-29"],
+    );
+    assert!(
+        String::from_utf8_lossy(&bad_time.stderr).contains("RFC 3339"),
+        "{bad_time:?}"
+    );
+    let wrong_key = entrega(&server, "ent_wrong", &["tenants", "list"]);
+    assert!(
+        String::from_utf8_lossy(&wrong_key.stderr).contains("--api-key"),
+        "{wrong_key:?}"
+    );
     let refused = entrega(&server, key, &["tenants", "list"]);
     assert!(!refused.status.success());
     assert!(

@@ -134,4 +134,21 @@ async fn tenants_are_listed_by_admin_and_read_by_themselves() {
     assert_eq!(admin.get("/v1/tenants/ten_nope").await.0, 404);
     let (status, bad) = admin.get("/v1/tenants?cursor=ep_x").await;
     assert_eq!(status, 400, "{bad}");
+    for name in ["bad\u{1b}[31mred", "a\u{202E}b", "a\nb", "a\u{0}b"] {
+        let (status, body) = admin
+            .post(
+                "/v1/tenants",
+                serde_json::json!({"name": name, "owner_email": "o@x.example"}),
+            )
+            .await;
+        assert_eq!(status, 422, "{name:?}: {body}");
+        assert!(body["detail"].as_str().unwrap().contains("name"), "{body}");
+    }
+    let (status, _) = admin
+        .post(
+            "/v1/tenants",
+            serde_json::json!({"name": "é".repeat(200), "owner_email": "o@x.example"}),
+        )
+        .await;
+    assert_eq!(status, 201, "200 characters, not bytes");
 }

@@ -180,6 +180,16 @@ fn validate(endpoint: &mut Endpoint, state: &AppState) -> ApiResult<()> {
             format!("at most {MAX_DESCRIPTION_LEN} bytes"),
         ));
     }
+    if endpoint
+        .description
+        .as_ref()
+        .is_some_and(|d| !super::extract::is_plain_text(d))
+    {
+        return Err(ApiError::invalid(
+            "description",
+            "must not contain control characters, or invisible or direction-changing ones",
+        ));
+    }
     Ok(())
 }
 

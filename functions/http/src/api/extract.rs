@@ -117,3 +117,37 @@ impl QueryMap {
         }
     }
 }
+
+/// Text shown to people (names, descriptions): no control characters (a terminal would
+/// obey an escape sequence), and none of the invisible or direction-changing format
+/// characters that make one name look like another.
+pub(crate) fn is_plain_text(s: &str) -> bool {
+    !s.chars().any(|c| {
+        c.is_control()
+            || matches!(c,
+                '\u{200B}'..='\u{200F}'   // zero-width spaces and marks
+                | '\u{202A}'..='\u{202E}' // bidirectional embeddings and overrides
+                | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, isolates
+                | '\u{FEFF}') // zero-width no-break space
+    })
+}
+
+#[cfg(test)]
+mod plain_text_tests {
+    use super::is_plain_text;
+
+    #[test]
+    fn control_and_invisible_characters_are_not_plain_text() {
+        assert!(is_plain_text("Acme CRM — Zürich ✓"));
+        for bad in [
+            "a\u{1}b",
+            "a\nb",
+            "\u{1b}[31mred",
+            "a\u{202E}b",
+            "a\u{200B}b",
+            "a\u{0}b",
+        ] {
+            assert!(!is_plain_text(bad), "{bad:?}");
+        }
+    }
+}

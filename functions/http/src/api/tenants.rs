@@ -49,8 +49,14 @@ pub(super) async fn create_tenant(
 ) -> ApiResult<(StatusCode, Json<TenantCreated>)> {
     caller.require_admin()?;
     let name = body.name.trim();
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
+    if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
         return Err(ApiError::invalid("name", "must be 1 to 200 characters"));
+    }
+    if !super::extract::is_plain_text(name) {
+        return Err(ApiError::invalid(
+            "name",
+            "must not contain control characters, or invisible or direction-changing ones",
+        ));
     }
     let email = body.owner_email.trim();
     if email.len() > MAX_EMAIL_LEN || !looks_like_email(email) {
