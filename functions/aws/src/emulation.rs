@@ -215,19 +215,39 @@ impl Emulation {
                 .iter()
                 .map(|f| f.item_identifier.as_str())
                 .collect();
-            for r in records {
-                if failed.contains(&r.message_id.as_deref().unwrap_or_default()) {
-                    continue;
+            // As Lambda's event source mapping does: the batch's successes deleted in
+            // one call (up to 10, the receive's own batch size).
+            let entries: Vec<_> = records
+                .iter()
+                .filter(|r| !failed.contains(&r.message_id.as_deref().unwrap_or_default()))
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(r.receipt_handle.clone().unwrap_or_default())
+                        .build()
+                        .ok()
+                })
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            match sqs
+                .delete_message_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+            {
+                Ok(out) if !out.failed().is_empty() => {
+                    tracing::error!(
+                        failed = out.failed().len(),
+                        "some deletes failed; those messages will return"
+                    );
                 }
-                let receipt = r.receipt_handle.unwrap_or_default();
-                if let Err(e) = sqs
-                    .delete_message()
-                    .queue_url(&url)
-                    .receipt_handle(receipt)
-                    .send()
-                    .await
-                {
-                    tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; the message will return");
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; the messages will return");
                 }
             }
         }

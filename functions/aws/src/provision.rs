@@ -5,8 +5,7 @@
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType,
-    TimeToLiveSpecification,
+    ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
@@ -211,7 +210,7 @@ async fn create_table(dynamo: &aws_sdk_dynamodb::Client, t: &TableSpec) -> Resul
                 .key_schema(key_element(sk, "RANGE")?)
                 .projection(
                     Projection::builder()
-                        .projection_type(ProjectionType::All)
+                        .projection_type(crate::dynamo::GSI_PROJECTION)
                         .build(),
                 )
                 .build()

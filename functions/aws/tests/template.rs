@@ -79,6 +79,18 @@ fn tables_match_the_provisioning_spec() {
             .map(|(n, p, s)| (n.to_string(), p.to_string(), s.to_string()))
             .collect();
         assert_eq!(gsis, want_gsis, "{}", want.name);
+        for g in p["GlobalSecondaryIndexes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(
+                text(&g["Projection"]["ProjectionType"]),
+                entrega_aws::dynamo::GSI_PROJECTION.as_str(),
+                "{}: the template projects what provisioning does",
+                want.name
+            );
+        }
         let stream = p["StreamSpecification"]["StreamViewType"].as_str();
         assert_eq!(stream, want.stream, "{}", want.name);
         assert_eq!(

@@ -1,11 +1,10 @@
 //! Deliveries and attempts in DynamoDB.
 //!
-//! A delivery item is indexed four ways: by tenant (gsi1), endpoint (gsi2), day
-//! (gsi3, the admin's all-tenants log) and event (gsi4). Attempts live in the
-//! delivery's own partition, so "the row plus every attempt" is one Query.
+//! A delivery item is indexed four ways: by tenant, endpoint, day (the admin's
+//! all-tenants log) and event ([`keys`]). Attempts live in the delivery's own
+//! partition, so "the row plus every attempt" is one Query.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
 use entrega_core::event::format_timestamp;
@@ -14,48 +13,44 @@ use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreR
 
 use super::*;
 
-fn delivery_pk(id: &DeliveryId) -> String {
-    format!("DLV#{id}")
-}
-
-/// The deliveries of one event: event ids are scoped to their tenant.
-fn event_partition(tenant: &TenantId, event: &EventId) -> String {
-    format!("EV#{tenant}#{event}")
-}
-
-/// The day partition a delivery id falls in (from the time inside the id).
-fn day_of(id_ms: i64) -> String {
-    Utc.timestamp_millis_opt(id_ms)
-        .single()
-        .unwrap_or_default()
-        .format("D#%Y-%m-%d")
-        .to_string()
-}
-
 impl DynamoStore {
+    /// A delivery item: the record and its version (for conditional writes), and its
+    /// index keys. The filter fields are read from the record itself, so the item
+    /// carries nothing twice and stays under 1 KiB (one write unit).
     fn delivery_item(&self, d: &Delivery) -> Item {
-        let mut item = key(delivery_pk(&d.id));
+        let mut item = key(keys::delivery(&d.id));
         let id = d.id.as_str();
+        let owner_shard = keys::shard(id, keys::OWNER_SHARDS);
+        let day_shard = keys::shard(id, keys::DAY_SHARDS);
         item.extend([
             ("json".to_owned(), to_json(d)),
             ("version".to_owned(), n(d.version)),
-            ("tenant_id".to_owned(), s(d.tenant_id.as_str())),
-            ("endpoint_id".to_owned(), s(d.endpoint_id.as_str())),
-            ("event_type".to_owned(), s(d.event_type.clone())),
-            ("state".to_owned(), s(d.state.as_str())),
-            ("status".to_owned(), s(d.state.status().as_str())),
-            ("created_at".to_owned(), s(format_timestamp(d.created_at))),
-            ("gsi1pk".to_owned(), s(format!("T#{}", d.tenant_id))),
-            ("gsi1sk".to_owned(), s(id)),
-            ("gsi2pk".to_owned(), s(format!("E#{}", d.endpoint_id))),
-            ("gsi2sk".to_owned(), s(id)),
-            ("gsi3pk".to_owned(), s(day_of(d.id.timestamp_ms()))),
-            ("gsi3sk".to_owned(), s(id)),
             (
-                "gsi4pk".to_owned(),
-                s(event_partition(&d.tenant_id, &d.event_id)),
+                keys::BY_TENANT.pk.to_owned(),
+                s(keys::sharded(
+                    &keys::tenant_deliveries(&d.tenant_id),
+                    owner_shard,
+                )),
             ),
-            ("gsi4sk".to_owned(), s(id)),
+            (keys::BY_TENANT.sk.to_owned(), s(id)),
+            (
+                keys::BY_ENDPOINT.pk.to_owned(),
+                s(keys::sharded(
+                    &keys::endpoint_deliveries(&d.endpoint_id),
+                    owner_shard,
+                )),
+            ),
+            (keys::BY_ENDPOINT.sk.to_owned(), s(id)),
+            (
+                keys::BY_KIND.pk.to_owned(),
+                s(keys::sharded(&keys::day(d.id.timestamp_ms()), day_shard)),
+            ),
+            (keys::BY_KIND.sk.to_owned(), s(id)),
+            (
+                keys::BY_PARENT.pk.to_owned(),
+                s(keys::event_deliveries(&d.tenant_id, &d.event_id)),
+            ),
+            (keys::BY_PARENT.sk.to_owned(), s(id)),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
         item
@@ -63,35 +58,31 @@ impl DynamoStore {
 
     fn attempt_item(&self, a: &Attempt) -> Item {
         Item::from([
-            (PK.to_owned(), s(delivery_pk(&a.delivery_id))),
-            (
-                SK.to_owned(),
-                s(format!("ATT#{:05}#{:05}#{}", a.generation, a.number, a.id)),
-            ),
+            (PK.to_owned(), s(keys::delivery(&a.delivery_id))),
+            (SK.to_owned(), s(keys::attempt(a))),
             ("json".to_owned(), to_json(a)),
             // Per-endpoint statistics read an endpoint's attempts by time.
-            ("gsi2pk".to_owned(), s(format!("EA#{}", a.endpoint_id))),
             (
-                "gsi2sk".to_owned(),
-                s(format!("{}#{}", format_timestamp(a.started_at), a.id)),
+                keys::BY_ENDPOINT.pk.to_owned(),
+                s(keys::sharded(
+                    &keys::endpoint_attempts(&a.endpoint_id),
+                    keys::shard(a.id.as_str(), keys::OWNER_SHARDS),
+                )),
             ),
+            (keys::BY_ENDPOINT.sk.to_owned(), s(keys::attempt_time(a))),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ])
     }
 }
 
-/// Whether an item passes the query's non-key filters.
-fn matches(item: &Item, q: &DeliveryQuery) -> bool {
-    let eq = |attr: &str, want: Option<&str>| want.is_none_or(|w| get_s(item, attr) == Some(w));
-    let created = get_s(item, "created_at").unwrap_or("");
-    eq("tenant_id", q.tenant.as_ref().map(|t| t.as_str()))
-        && eq("endpoint_id", q.endpoint_id.as_ref().map(|e| e.as_str()))
-        && eq("event_type", q.event_type.as_deref())
-        && eq("status", q.status.map(|s| s.as_str()))
-        && q.since
-            .is_none_or(|s| created >= format_timestamp(s).as_str())
-        && q.until
-            .is_none_or(|u| created < format_timestamp(u).as_str())
+/// Whether a delivery passes the query's non-key filters.
+fn matches(d: &Delivery, q: &DeliveryQuery) -> bool {
+    q.tenant.as_ref().is_none_or(|t| *t == d.tenant_id)
+        && q.endpoint_id.as_ref().is_none_or(|e| *e == d.endpoint_id)
+        && q.event_type.as_ref().is_none_or(|t| *t == d.event_type)
+        && q.status.is_none_or(|s| s == d.state.status())
+        && q.since.is_none_or(|s| d.created_at >= s)
+        && q.until.is_none_or(|u| d.created_at < u)
 }
 
 #[async_trait]
@@ -120,7 +111,7 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        self.get_main(delivery_pk(id))
+        self.get_main(keys::delivery(id))
             .await?
             .as_ref()
             .map(from_json)
@@ -134,35 +125,26 @@ impl DeliveryStore for DynamoStore {
     ) -> StoreResult<Delivery> {
         let mut next = delivery.clone();
         next.version += 1;
-        let put = Put::builder()
+        // The attempts first, then the state they explain: the log never shows a state
+        // without its attempt, and a state write that loses to a concurrent one leaves
+        // attempts that did happen. Two plain writes cost half a transaction of them.
+        self.append_attempts(attempts).await?;
+        self.client
+            .put_item()
             .table_name(&self.main_table)
             .set_item(Some(self.delivery_item(&next)))
             .condition_expression("#v = :expected")
             .expression_attribute_names("#v", "version")
             .expression_attribute_values(":expected", n(delivery.version))
-            .build()
-            .expect("table and item are set");
-        // The state and the attempts that led to it commit together (one transaction),
-        // so the log never shows a state without the attempt that explains it.
-        let mut tx = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(put).build());
-        for a in attempts {
-            let put = Put::builder()
-                .table_name(&self.main_table)
-                .set_item(Some(self.attempt_item(a)))
-                .build()
-                .expect("table and item are set");
-            tx = tx.transact_items(TransactWriteItem::builder().put(put).build());
-        }
-        tx.send().await.map_err(|e| {
-            if is_condition_failure(&e) {
-                StoreError::Conflict(format!("delivery {} changed meanwhile", delivery.id))
-            } else {
-                backend(e)
-            }
-        })?;
+            .send()
+            .await
+            .map_err(|e| {
+                if is_condition_failure(&e) {
+                    StoreError::Conflict(format!("delivery {} changed meanwhile", delivery.id))
+                } else {
+                    backend(e)
+                }
+            })?;
         Ok(next)
     }
 
@@ -181,26 +163,24 @@ impl DeliveryStore for DynamoStore {
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
         let items = self
-            .query_partition(None, PK, delivery_pk(id), Some((SK, "ATT#")))
+            .query_partition(None, keys::delivery(id), Some(keys::ATTEMPT_PREFIX))
             .await?;
         items.iter().map(from_json).collect()
     }
 
     async fn list_deliveries(&self, q: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
         let partitions: Vec<Partition> = if let Some(ep) = &q.endpoint_id {
-            vec![Partition {
-                index: Some("gsi2"),
-                pk_attr: "gsi2pk",
-                pk: format!("E#{ep}"),
-                sk_attr: "gsi2sk",
-            }]
+            vec![Partition::sharded(
+                keys::BY_ENDPOINT,
+                keys::endpoint_deliveries(ep),
+                keys::OWNER_SHARDS,
+            )]
         } else if let Some(t) = &q.tenant {
-            vec![Partition {
-                index: Some("gsi1"),
-                pk_attr: "gsi1pk",
-                pk: format!("T#{t}"),
-                sk_attr: "gsi1sk",
-            }]
+            vec![Partition::sharded(
+                keys::BY_TENANT,
+                keys::tenant_deliveries(t),
+                keys::OWNER_SHARDS,
+            )]
         } else {
             // The admin's all-tenant log: walk day partitions newest first, from the
             // cursor's day (or `until`, or today) back to `since` (or the retention).
@@ -219,12 +199,11 @@ impl DeliveryStore for DynamoStore {
             while day.date_naive() >= oldest.date_naive()
                 && days.len() as i64 <= self.retention_days + 1
             {
-                days.push(Partition {
-                    index: Some("gsi3"),
-                    pk_attr: "gsi3pk",
-                    pk: day_of(day.timestamp_millis()),
-                    sk_attr: "gsi3sk",
-                });
+                days.push(Partition::sharded(
+                    keys::BY_KIND,
+                    keys::day(day.timestamp_millis()),
+                    keys::DAY_SHARDS,
+                ));
                 day -= ChronoDuration::days(1);
             }
             days
@@ -232,17 +211,23 @@ impl DeliveryStore for DynamoStore {
         let mut pages = 0;
         let mut items = Vec::new();
         let mut resume = None;
-        for part in &partitions {
+        for (i, part) in partitions.iter().enumerate() {
+            if i > 0 && pages + usize::from(part.shards) > super::index::MAX_PAGES_PER_LIST {
+                // Out of budget between days: go on below the last day read whole (a
+                // cursor just under its first possible id).
+                resume = Some(keys::day_floor(&partitions[i - 1].pk));
+                break;
+            }
             let found = self
                 .collect_desc(
                     part,
                     q.cursor.as_deref(),
                     q.limit + 1 - items.len(),
-                    &|item| matches(item, q),
+                    &|item| from_json::<Delivery>(item).is_ok_and(|d| matches(&d, q)),
                     &mut pages,
                 )
                 .await?;
-            items.extend(found.items);
+            items.extend(found.items.into_iter().map(|(_, item)| item));
             if items.len() > q.limit {
                 break;
             }
@@ -265,7 +250,11 @@ impl DeliveryStore for DynamoStore {
         id: &EventId,
     ) -> StoreResult<Vec<Delivery>> {
         let items = self
-            .query_partition(Some("gsi4"), "gsi4pk", event_partition(tenant, id), None)
+            .query_partition(
+                Some(keys::BY_PARENT),
+                keys::event_deliveries(tenant, id),
+                None,
+            )
             .await?;
         items.iter().map(from_json).collect()
     }
@@ -276,32 +265,49 @@ impl DeliveryStore for DynamoStore {
         since: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Attempt>> {
-        let mut attempts = Vec::new();
-        let mut start = None;
-        while attempts.len() < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.main_table)
-                .index_name("gsi2")
-                .key_condition_expression("gsi2pk = :pk AND gsi2sk >= :since")
-                .expression_attribute_values(":pk", s(format!("EA#{endpoint}")))
-                .expression_attribute_values(":since", s(format_timestamp(since)))
-                .scan_index_forward(false)
-                .limit((limit - attempts.len()).min(500) as i32)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(backend)?;
-            for item in out.items() {
-                attempts.push(from_json(item)?);
-            }
-            match out.last_evaluated_key() {
-                Some(k) => start = Some(k.clone()),
-                None => break,
+        // Each shard's newest `limit`, merged: the newest `limit` of them all.
+        let mut entries: Vec<Item> = Vec::new();
+        for shard in 0..keys::OWNER_SHARDS {
+            let pk = keys::sharded(&keys::endpoint_attempts(endpoint), shard);
+            let mut start = None;
+            let mut taken = 0;
+            while taken < limit {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.main_table)
+                    .index_name(keys::BY_ENDPOINT.name)
+                    .key_condition_expression("#pk = :pk AND #sk >= :since")
+                    .expression_attribute_names("#pk", keys::BY_ENDPOINT.pk)
+                    .expression_attribute_names("#sk", keys::BY_ENDPOINT.sk)
+                    .expression_attribute_values(":pk", s(pk.clone()))
+                    .expression_attribute_values(":since", s(format_timestamp(since)))
+                    .scan_index_forward(false)
+                    .limit((limit - taken).min(500) as i32)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(backend)?;
+                taken += out.items().len();
+                entries.extend(out.items().iter().cloned());
+                match out.last_evaluated_key() {
+                    Some(k) => start = Some(k.clone()),
+                    None => break,
+                }
             }
         }
-        Ok(attempts)
+        let sort_key = |e: &Item| {
+            get_s(e, keys::BY_ENDPOINT.sk)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        entries.sort_by_key(|e| std::cmp::Reverse(sort_key(e)));
+        entries.truncate(limit);
+        self.fetch_items(&entries)
+            .await?
+            .iter()
+            .map(from_json)
+            .collect()
     }
 
     async fn paused_deliveries(
@@ -310,37 +316,42 @@ impl DeliveryStore for DynamoStore {
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
         let mut found = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.main_table)
-                .index_name("gsi2")
-                .key_condition_expression("gsi2pk = :pk")
-                .expression_attribute_values(":pk", s(format!("E#{endpoint}")))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(backend)?;
-            for item in out.items() {
-                if get_s(item, "state") == Some("paused") {
-                    // The index is eventually consistent: read the item itself.
-                    let d: Delivery = from_json(item)?;
-                    if let Some(current) = self.get_delivery(&d.id).await? {
-                        if current.state == DeliveryState::Paused {
-                            found.push(current);
+        for pk in Partition::sharded(
+            keys::BY_ENDPOINT,
+            keys::endpoint_deliveries(endpoint),
+            keys::OWNER_SHARDS,
+        )
+        .keys()
+        {
+            let mut start = None;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.main_table)
+                    .index_name(keys::BY_ENDPOINT.name)
+                    .key_condition_expression("#pk = :pk")
+                    .expression_attribute_names("#pk", keys::BY_ENDPOINT.pk)
+                    .expression_attribute_values(":pk", s(pk.clone()))
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(backend)?;
+                for item in self.fetch_items(out.items()).await? {
+                    let d: Delivery = from_json(&item)?;
+                    if d.state == DeliveryState::Paused {
+                        found.push(d);
+                        if found.len() >= limit {
+                            return Ok(found);
                         }
                     }
-                    if found.len() >= limit {
-                        return Ok(found);
-                    }
+                }
+                match out.last_evaluated_key() {
+                    Some(k) => start = Some(k.clone()),
+                    None => break,
                 }
             }
-            match out.last_evaluated_key() {
-                Some(k) => start = Some(k.clone()),
-                None => return Ok(found),
-            }
         }
+        Ok(found)
     }
 }

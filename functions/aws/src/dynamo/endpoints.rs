@@ -7,13 +7,11 @@ use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
 
 use super::*;
 
+/// Endpoints are few (one per customer URL), so one partition of [`keys::BY_KIND`]
+/// holds them all for the admin's listing.
 fn endpoint_pk(id: &EndpointId) -> String {
-    format!("EP#{id}")
+    keys::endpoint(id)
 }
-
-/// The gsi3 partition of all endpoints: endpoints are few (one per customer URL), so
-/// one partition is enough for the admin's listing.
-const ALL_ENDPOINTS: &str = "ALL_EP";
 
 /// Configuration and health live in one item under separate versions: a health write
 /// (`SET health`) never touches the configuration a client changed, and vice versa.
@@ -29,12 +27,12 @@ fn item(endpoint: &Endpoint) -> Item {
     item.insert(HEALTH_VERSION.into(), n(endpoint.health.version));
     item.insert("tenant_id".into(), s(endpoint.tenant_id.as_str()));
     item.insert(
-        "gsi1pk".into(),
-        s(format!("TENANT_EP#{}", endpoint.tenant_id)),
+        keys::BY_TENANT.pk.into(),
+        s(keys::tenant_endpoints(&endpoint.tenant_id)),
     );
-    item.insert("gsi1sk".into(), s(endpoint.id.as_str()));
-    item.insert("gsi3pk".into(), s(ALL_ENDPOINTS));
-    item.insert("gsi3sk".into(), s(endpoint.id.as_str()));
+    item.insert(keys::BY_TENANT.sk.into(), s(endpoint.id.as_str()));
+    item.insert(keys::BY_KIND.pk.into(), s(keys::ALL_ENDPOINTS));
+    item.insert(keys::BY_KIND.sk.into(), s(endpoint.id.as_str()));
     item
 }
 
@@ -70,12 +68,7 @@ fn version_condition(version: u64) -> &'static str {
 
 impl DynamoStore {
     fn tenant_endpoints_partition(tenant: &TenantId) -> Partition {
-        Partition {
-            index: Some("gsi1"),
-            pk_attr: "gsi1pk",
-            pk: format!("TENANT_EP#{tenant}"),
-            sk_attr: "gsi1sk",
-        }
+        Partition::new(keys::BY_TENANT, keys::tenant_endpoints(tenant))
     }
 }
 
@@ -185,12 +178,7 @@ impl EndpointStore for DynamoStore {
     ) -> StoreResult<Page<Endpoint>> {
         let part = match tenant {
             Some(t) => Self::tenant_endpoints_partition(t),
-            None => Partition {
-                index: Some("gsi3"),
-                pk_attr: "gsi3pk",
-                pk: ALL_ENDPOINTS.into(),
-                sk_attr: "gsi3sk",
-            },
+            None => Partition::new(keys::BY_KIND, keys::ALL_ENDPOINTS),
         };
         let mut pages = 0;
         let found = self
@@ -199,7 +187,7 @@ impl EndpointStore for DynamoStore {
         let data = found
             .items
             .iter()
-            .map(decode)
+            .map(|(_, item)| decode(item))
             .collect::<Result<Vec<Endpoint>, _>>()?;
         Ok(Page::from_rows(
             data,
@@ -211,7 +199,7 @@ impl EndpointStore for DynamoStore {
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
         let items = self
-            .query_partition(Some("gsi1"), "gsi1pk", format!("TENANT_EP#{tenant}"), None)
+            .query_partition(Some(keys::BY_TENANT), keys::tenant_endpoints(tenant), None)
             .await?;
         items.iter().map(decode).collect()
     }

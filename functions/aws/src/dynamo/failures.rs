@@ -10,21 +10,11 @@ use entrega_core::ports::{CounterStore, EventStore, FailureStore, Page, StoreErr
 
 use super::*;
 
-/// The gsi3 partition of every failure (the admin's list). Failures are the rare case
-/// by design; a partition per day is the step if they stop being.
-const ALL_FAILURES: &str = "ALL_FAIL";
-
 /// Reads and conditional writes an acknowledgement tries before reporting a conflict.
 const ACK_TRIES: usize = 3;
 
-/// The gsi4 partition of one delivery's failure records (a delivered resend
-/// acknowledges them).
-fn delivery_failures_pk(delivery: &DeliveryId) -> String {
-    format!("FD#{delivery}")
-}
-
 fn failure_pk(id: &FailureId) -> String {
-    format!("FAIL#{id}")
+    keys::failure(id)
 }
 
 #[async_trait]
@@ -39,16 +29,21 @@ impl FailureStore for DynamoStore {
         };
         let mut item = key(failure_pk(&failure.id));
         item.insert("json".into(), to_json(&stored));
-        item.insert("tenant_id".into(), s(failure.tenant_id.as_str()));
-        item.insert("gsi1pk".into(), s(format!("TF#{}", failure.tenant_id)));
-        item.insert("gsi1sk".into(), s(failure.id.as_str()));
-        item.insert("gsi3pk".into(), s(ALL_FAILURES));
-        item.insert("gsi3sk".into(), s(failure.id.as_str()));
+        // Every failure is in the admin's list, one partition of [`keys::BY_KIND`]:
+        // failures are the rare case by design (a partition per day is the step if
+        // they stop being); and a delivered resend finds its delivery's records.
         item.insert(
-            "gsi4pk".into(),
-            s(delivery_failures_pk(&failure.delivery_id)),
+            keys::BY_TENANT.pk.into(),
+            s(keys::tenant_failures(&failure.tenant_id)),
         );
-        item.insert("gsi4sk".into(), s(failure.id.as_str()));
+        item.insert(keys::BY_TENANT.sk.into(), s(failure.id.as_str()));
+        item.insert(keys::BY_KIND.pk.into(), s(keys::ALL_FAILURES));
+        item.insert(keys::BY_KIND.sk.into(), s(failure.id.as_str()));
+        item.insert(
+            keys::BY_PARENT.pk.into(),
+            s(keys::delivery_failures(&failure.delivery_id)),
+        );
+        item.insert(keys::BY_PARENT.sk.into(), s(failure.id.as_str()));
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at());
         match self
             .client
@@ -67,18 +62,8 @@ impl FailureStore for DynamoStore {
 
     async fn list_failures(&self, q: &FailureQuery) -> StoreResult<Page<Failure>> {
         let part = match &q.tenant {
-            Some(t) => Partition {
-                index: Some("gsi1"),
-                pk_attr: "gsi1pk",
-                pk: format!("TF#{t}"),
-                sk_attr: "gsi1sk",
-            },
-            None => Partition {
-                index: Some("gsi3"),
-                pk_attr: "gsi3pk",
-                pk: ALL_FAILURES.into(),
-                sk_attr: "gsi3sk",
-            },
+            Some(t) => Partition::new(keys::BY_TENANT, keys::tenant_failures(t)),
+            None => Partition::new(keys::BY_KIND, keys::ALL_FAILURES),
         };
         let keep = |item: &Item| match (q.acknowledged, from_json::<Failure>(item)) {
             (None, _) => true,
@@ -90,7 +75,7 @@ impl FailureStore for DynamoStore {
             .collect_desc(&part, q.cursor.as_deref(), q.limit + 1, &keep, &mut pages)
             .await?;
         let mut data = Vec::with_capacity(found.items.len());
-        for item in &found.items {
+        for (_, item) in &found.items {
             data.push(self.with_payload(from_json(item)?).await?);
         }
         Ok(Page::from_rows(
@@ -103,7 +88,11 @@ impl FailureStore for DynamoStore {
 
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
         let items = self
-            .query_partition(Some("gsi4"), "gsi4pk", delivery_failures_pk(delivery), None)
+            .query_partition(
+                Some(keys::BY_PARENT),
+                keys::delivery_failures(delivery),
+                None,
+            )
             .await?;
         let mut failures = Vec::with_capacity(items.len());
         for item in &items {
@@ -183,7 +172,7 @@ impl CounterStore for DynamoStore {
             .client
             .update_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(format!("CNT#{counter}"))))
+            .set_key(Some(key(keys::counter(counter))))
             .update_expression("ADD #v :one SET #ttl = if_not_exists(#ttl, :exp)")
             .expression_attribute_names("#v", "value")
             .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
@@ -207,7 +196,7 @@ impl CounterStore for DynamoStore {
         ttl: Duration,
     ) -> StoreResult<Option<String>> {
         let now = self.clock.now().timestamp();
-        let mut item = key(format!("REMEMBER#{remembered}"));
+        let mut item = key(keys::remembered(remembered));
         item.insert("value".into(), s(value));
         item.insert(TTL_ATTRIBUTE.into(), n(now + ttl.as_secs() as i64));
         // DynamoDB deletes expired items lazily (up to days late): an expired one counts
@@ -233,7 +222,7 @@ impl CounterStore for DynamoStore {
         self.client
             .delete_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(format!("REMEMBER#{remembered}"))))
+            .set_key(Some(key(keys::remembered(remembered))))
             .send()
             .await
             .map_err(backend)?;
@@ -241,7 +230,7 @@ impl CounterStore for DynamoStore {
     }
 
     async fn recall(&self, remembered: &str) -> StoreResult<Option<String>> {
-        let item = self.get_main(format!("REMEMBER#{remembered}")).await?;
+        let item = self.get_main(keys::remembered(remembered)).await?;
         let now = self.clock.now().timestamp();
         Ok(item
             .as_ref()

@@ -8,19 +8,14 @@ use entrega_core::tenant::{Principal, Tenant};
 
 use super::*;
 
-/// The item that records that an admin key exists.
-const ADMIN_MARKER: &str = "ADMIN_KEY_EXISTS";
+use keys::ADMIN_MARKER;
 
 fn tenant_pk(id: &TenantId) -> String {
-    format!("TENANT#{id}")
+    keys::tenant(id)
 }
 
-/// The gsi3 partition of every tenant (the admin's list): tenants are few and made
-/// by hand, so one partition holds them all.
-const ALL_TENANTS: &str = "ALL_TEN";
-
 fn key_pk(hash: &str) -> String {
-    format!("KEY#{hash}")
+    keys::api_key(hash)
 }
 
 fn key_item(hash: &str, principal: &Principal) -> Item {
@@ -34,8 +29,10 @@ impl TenantStore for DynamoStore {
     async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
         let mut item = key(tenant_pk(&tenant.id));
         item.insert("json".into(), to_json(tenant));
-        item.insert("gsi3pk".into(), s(ALL_TENANTS));
-        item.insert("gsi3sk".into(), s(tenant.id.as_str()));
+        // Tenants are few and made by hand: one partition of the admin's index holds
+        // them all.
+        item.insert(keys::BY_KIND.pk.into(), s(keys::ALL_TENANTS));
+        item.insert(keys::BY_KIND.sk.into(), s(tenant.id.as_str()));
         let put_tenant = Put::builder()
             .table_name(&self.main_table)
             .set_item(Some(item))
@@ -76,12 +73,7 @@ impl TenantStore for DynamoStore {
     }
 
     async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
-        let part = Partition {
-            index: Some("gsi3"),
-            pk_attr: "gsi3pk",
-            pk: ALL_TENANTS.into(),
-            sk_attr: "gsi3sk",
-        };
+        let part = Partition::new(keys::BY_KIND, keys::ALL_TENANTS);
         let mut pages = 0;
         let found = self
             .collect_desc(&part, cursor, limit + 1, &|_| true, &mut pages)
@@ -89,7 +81,7 @@ impl TenantStore for DynamoStore {
         let data = found
             .items
             .iter()
-            .map(from_json)
+            .map(|(_, item)| from_json(item))
             .collect::<Result<Vec<Tenant>, _>>()?;
         Ok(Page::from_rows(
             data,

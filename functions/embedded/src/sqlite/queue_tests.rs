@@ -253,5 +253,6 @@ mod conformance {
         remembered_keys_can_be_forgotten(&store).await;
         tenants_list_newest_first_in_pages(&store).await;
         failures_are_found_by_delivery_and_acknowledged(&store).await;
+        delivery_lists_page_newest_first(&store).await;
     }
 }

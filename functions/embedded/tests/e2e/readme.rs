@@ -129,7 +129,10 @@ impl Shell {
         let output = Output::default();
         output.collect(child.stdout.take().unwrap());
         output.collect(child.stderr.take().unwrap());
-        let stdin = child.stdin.take().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // One stream, in order: the marker after a block must not overtake the block's
+        // output through another pipe.
+        writeln!(stdin, "exec 2>&1").unwrap();
         Self {
             child,
             stdin,
@@ -143,7 +146,7 @@ impl Shell {
     fn run(&mut self, script: &str) -> (String, i32) {
         self.blocks_run += 1;
         let marker = format!("@@end-of-block-{}@@", self.blocks_run);
-        writeln!(self.stdin, "{script}\nprintf '\\n{marker} %s\\n' $? 1>&2").unwrap();
+        writeln!(self.stdin, "{script}\nprintf '\\n{marker} %s\\n' $?").unwrap();
         self.stdin.flush().unwrap();
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {

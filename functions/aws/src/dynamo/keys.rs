@@ -1,0 +1,214 @@
+//! Every key the DynamoDB store writes or reads, built in one place: a partition or
+//! sort key is never spelled out anywhere else, so two files cannot disagree on one.
+//!
+//! Base-table items are single records under `pk` (sort key [`super::ONLY`]), except a
+//! delivery's attempts, which share its partition. The four GSIs are generic and
+//! KEYS_ONLY: an index answers "which items, in what order"; the items themselves are
+//! read from the table ([`super::DynamoStore::fetch_items`]), so a state change never
+//! rewrites an index copy.
+
+use chrono::{TimeZone, Utc};
+use entrega_core::delivery::Attempt;
+use entrega_core::event::format_timestamp;
+use entrega_core::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+
+/// One GSI: its name and key attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gsi {
+    pub name: &'static str,
+    pub pk: &'static str,
+    pub sk: &'static str,
+}
+
+/// By owner: a tenant's deliveries, endpoints, failures.
+pub const BY_TENANT: Gsi = Gsi {
+    name: "gsi1",
+    pk: "gsi1pk",
+    sk: "gsi1sk",
+};
+/// By endpoint: an endpoint's deliveries and its attempts by time.
+pub const BY_ENDPOINT: Gsi = Gsi {
+    name: "gsi2",
+    pk: "gsi2pk",
+    sk: "gsi2sk",
+};
+/// Admin listings: every tenant, endpoint and failure; deliveries by day.
+pub const BY_KIND: Gsi = Gsi {
+    name: "gsi3",
+    pk: "gsi3pk",
+    sk: "gsi3sk",
+};
+/// By parent: an event's deliveries, a delivery's failures.
+pub const BY_PARENT: Gsi = Gsi {
+    name: "gsi4",
+    pk: "gsi4pk",
+    sk: "gsi4sk",
+};
+pub const ALL_GSIS: [Gsi; 4] = [BY_TENANT, BY_ENDPOINT, BY_KIND, BY_PARENT];
+
+// Write shards. A partition accepts about 1 000 write units a second; an index entry
+// is one unit, so a partition written for every delivery is split where one source
+// can pass that: the day log by all tenants together (10 000/s → 625/s a shard), and a
+// tenant's or an endpoint's log by one busy sender (1 000/s → 250/s a shard).
+
+/// Shards of the day log (every delivery of every tenant).
+pub const DAY_SHARDS: u8 = 16;
+/// Shards of one tenant's and one endpoint's delivery and attempt logs.
+pub const OWNER_SHARDS: u8 = 4;
+/// Shards of one tenant's backlog counter (two updates per delivery).
+pub const BACKLOG_SHARDS: u8 = 4;
+
+/// The shard an id is written to: stable, so every write of one item lands in the
+/// same partition, and spread evenly (FNV-1a over the id's bytes).
+pub fn shard(id: &str, shards: u8) -> u8 {
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (hash % u64::from(shards.max(1))) as u8
+}
+
+/// Shard `shard` of partition `pk`.
+pub fn sharded(pk: &str, shard: u8) -> String {
+    format!("{pk}#{shard:x}")
+}
+
+// Base-table partitions.
+
+pub fn tenant(id: &TenantId) -> String {
+    format!("TENANT#{id}")
+}
+
+pub fn api_key(hash: &str) -> String {
+    format!("KEY#{hash}")
+}
+
+/// The item that records that an admin key exists (key items are found by hash only).
+pub const ADMIN_MARKER: &str = "ADMIN_KEY_EXISTS";
+
+pub fn endpoint(id: &EndpointId) -> String {
+    format!("EP#{id}")
+}
+
+pub fn delivery(id: &DeliveryId) -> String {
+    format!("DLV#{id}")
+}
+
+/// An attempt's sort key in its delivery's partition: in generation and number order.
+pub fn attempt(a: &Attempt) -> String {
+    format!(
+        "{ATTEMPT_PREFIX}{:05}#{:05}#{}",
+        a.generation, a.number, a.id
+    )
+}
+
+/// The sort-key prefix of every attempt.
+pub const ATTEMPT_PREFIX: &str = "ATT#";
+
+pub fn failure(id: &FailureId) -> String {
+    format!("FAIL#{id}")
+}
+
+pub fn counter(name: &str) -> String {
+    format!("CNT#{name}")
+}
+
+pub fn remembered(key: &str) -> String {
+    format!("REMEMBER#{key}")
+}
+
+/// One shard of a tenant's backlog counter.
+pub fn backlog(tenant: &TenantId, shard: u8) -> String {
+    sharded(&format!("BACKLOG#{tenant}"), shard)
+}
+
+// Index partitions.
+
+/// [`BY_TENANT`]: a tenant's deliveries.
+pub fn tenant_deliveries(tenant: &TenantId) -> String {
+    format!("T#{tenant}")
+}
+
+/// [`BY_TENANT`]: a tenant's endpoints.
+pub fn tenant_endpoints(tenant: &TenantId) -> String {
+    format!("TENANT_EP#{tenant}")
+}
+
+/// [`BY_TENANT`]: a tenant's failures.
+pub fn tenant_failures(tenant: &TenantId) -> String {
+    format!("TF#{tenant}")
+}
+
+/// [`BY_ENDPOINT`]: an endpoint's deliveries.
+pub fn endpoint_deliveries(endpoint: &EndpointId) -> String {
+    format!("E#{endpoint}")
+}
+
+/// [`BY_ENDPOINT`]: an endpoint's attempts, sorted by [`attempt_time`].
+pub fn endpoint_attempts(endpoint: &EndpointId) -> String {
+    format!("EA#{endpoint}")
+}
+
+pub fn attempt_time(a: &Attempt) -> String {
+    format!("{}#{}", format_timestamp(a.started_at), a.id)
+}
+
+/// [`BY_KIND`]: every tenant, every endpoint, every failure.
+pub const ALL_TENANTS: &str = "ALL_TEN";
+pub const ALL_ENDPOINTS: &str = "ALL_EP";
+pub const ALL_FAILURES: &str = "ALL_FAIL";
+
+/// [`BY_KIND`]: the deliveries created on the day of `id_ms` (the admin's log).
+pub fn day(id_ms: i64) -> String {
+    Utc.timestamp_millis_opt(id_ms)
+        .single()
+        .unwrap_or_default()
+        .format("D#%Y-%m-%d")
+        .to_string()
+}
+
+/// A cursor below every delivery id of the day partition `day_pk` (from [`day`]):
+/// the day's first millisecond with the lowest possible random part.
+pub fn day_floor(day_pk: &str) -> String {
+    let start = day_pk
+        .strip_prefix("D#")
+        .and_then(|d| chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map_or(0, |t| t.and_utc().timestamp_millis());
+    format!("{}{start:012x}{}", DeliveryId::PREFIX, "0".repeat(20))
+}
+
+/// [`BY_PARENT`]: one event's deliveries (event ids are scoped to their tenant).
+pub fn event_deliveries(tenant: &TenantId, event: &EventId) -> String {
+    format!("EV#{tenant}#{event}")
+}
+
+/// [`BY_PARENT`]: one delivery's failure records.
+pub fn delivery_failures(delivery: &DeliveryId) -> String {
+    format!("FD#{delivery}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_spread_over_every_shard_and_stay_in_theirs() {
+        let mut counts = [0u32; DAY_SHARDS as usize];
+        for _ in 0..16_000 {
+            let id = DeliveryId::generate();
+            let s = shard(id.as_str(), DAY_SHARDS);
+            assert_eq!(s, shard(id.as_str(), DAY_SHARDS), "stable");
+            counts[s as usize] += 1;
+        }
+        // 1 000 expected per shard; a fair hash stays well within ±20 %.
+        assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
+        assert_eq!(sharded("T#ten_1", 11), "T#ten_1#b");
+        let id = DeliveryId::generate();
+        let floor = day_floor(&day(id.timestamp_ms()));
+        assert!(
+            floor.as_str() < id.as_str(),
+            "the floor is below the day's ids"
+        );
+        assert!(floor.parse::<DeliveryId>().is_ok(), "and a valid cursor");
+    }
+}
