@@ -316,6 +316,12 @@ impl Emulation {
             sqs.send_message()
                 .queue_url(&self.resources.delivery_queue_url)
                 .message_body(target.input().unwrap_or_default())
+                .set_message_group_id(
+                    target
+                        .sqs_parameters()
+                        .and_then(|p| p.message_group_id())
+                        .map(str::to_owned),
+                )
                 .send()
                 .await
                 .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;

@@ -22,6 +22,8 @@ pub struct AwsResources {
     pub outbox_table: String,
     pub delivery_queue_url: String,
     pub delivery_queue_arn: String,
+    /// Where a scheduled retry goes when the scheduler cannot deliver it to the queue.
+    pub delivery_dlq_arn: String,
     pub failure_queue_url: String,
     pub schedule_group: String,
     pub scheduler_role_arn: String,
@@ -78,6 +80,7 @@ impl AwsResources {
             outbox_table: var("ENTREGA_OUTBOX_TABLE")?,
             delivery_queue_url: var("ENTREGA_DELIVERY_QUEUE_URL")?,
             delivery_queue_arn: var("ENTREGA_DELIVERY_QUEUE_ARN")?,
+            delivery_dlq_arn: var("ENTREGA_DELIVERY_DLQ_ARN")?,
             failure_queue_url: var("ENTREGA_FAILURE_QUEUE_URL")?,
             schedule_group: var("ENTREGA_SCHEDULE_GROUP")?,
             scheduler_role_arn: var("ENTREGA_SCHEDULER_ROLE_ARN")?,
@@ -114,6 +117,7 @@ impl AwsResources {
         let delivery_queue_url = url_of(names.delivery_queue.clone()).await?;
         let failure_queue_url = url_of(names.failure_queue.clone()).await?;
         let delivery_queue_arn = queue_arn(&sqs, &delivery_queue_url).await?;
+        let delivery_dlq_arn = queue_arn(&sqs, &url_of(names.delivery_dlq.clone()).await?).await?;
         let account_region = delivery_queue_arn
             .strip_prefix("arn:aws:sqs:")
             .and_then(|rest| rest.rsplit_once(':'))
@@ -127,6 +131,7 @@ impl AwsResources {
             outbox_table: names.outbox_table,
             delivery_queue_url,
             delivery_queue_arn,
+            delivery_dlq_arn,
             failure_queue_url,
             schedule_group: names.schedule_group,
             scheduler_role_arn: format!("arn:aws:iam::{account}:role/{}", names.scheduler_role),
@@ -250,6 +255,7 @@ pub fn services_on(
             r.schedule_group.clone(),
             r.scheduler_role_arn.clone(),
             r.delivery_queue_arn.clone(),
+            r.delivery_dlq_arn.clone(),
         )),
         notifier: Arc::new(AwsNotifier::new(
             clients.sns.clone(),

@@ -1,10 +1,13 @@
-//! EventBridge Scheduler for retries further off than SQS visibility allows (12 h):
-//! a one-time `at(...)` schedule that sends the task back to the delivery queue and
-//! deletes itself after it fires.
+//! EventBridge Scheduler for retries further off than SQS can delay a message (15
+//! minutes): a one-time `at(...)` schedule that sends the task back to the delivery
+//! queue in the tenant's message group (fair queueing holds for scheduled retries),
+//! retries the send for a day, dead-letters what it still cannot send, and deletes
+//! itself after it fires.
 
 use async_trait::async_trait;
 use aws_sdk_scheduler::types::{
-    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
+    ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode,
+    RetryPolicy, SqsParameters, Target,
 };
 use aws_sdk_scheduler::Client;
 use chrono::{DateTime, Duration as ChronoDuration, Timelike, Utc};
@@ -20,15 +23,28 @@ pub struct EventBridgeScheduler {
     /// The role Scheduler assumes to send to the queue (needs `sqs:SendMessage`).
     role_arn: String,
     queue_arn: String,
+    /// Where a retry goes when Scheduler cannot send it (the delivery DLQ, alarmed).
+    dead_letter_arn: String,
 }
 
+/// How long Scheduler keeps trying to send a due retry (its maximum), and how often.
+const SEND_RETRY_AGE_SECONDS: i32 = 86_400;
+const SEND_RETRY_ATTEMPTS: i32 = 185;
+
 impl EventBridgeScheduler {
-    pub fn new(client: Client, group: String, role_arn: String, queue_arn: String) -> Self {
+    pub fn new(
+        client: Client,
+        group: String,
+        role_arn: String,
+        queue_arn: String,
+        dead_letter_arn: String,
+    ) -> Self {
         Self {
             client,
             group,
             role_arn,
             queue_arn,
+            dead_letter_arn,
         }
     }
 }
@@ -60,6 +76,22 @@ impl LongDelayScheduler for EventBridgeScheduler {
             .arn(&self.queue_arn)
             .role_arn(&self.role_arn)
             .input(&message.body)
+            .sqs_parameters(
+                SqsParameters::builder()
+                    .message_group_id(&message.group)
+                    .build(),
+            )
+            .retry_policy(
+                RetryPolicy::builder()
+                    .maximum_event_age_in_seconds(SEND_RETRY_AGE_SECONDS)
+                    .maximum_retry_attempts(SEND_RETRY_ATTEMPTS)
+                    .build(),
+            )
+            .dead_letter_config(
+                DeadLetterConfig::builder()
+                    .arn(&self.dead_letter_arn)
+                    .build(),
+            )
             .build()
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         let window = FlexibleTimeWindow::builder()

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::{MessageSystemAttributeName, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 use entrega_core::ports::{
-    MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
+    DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
 };
 
 use crate::dynamo::backend;
@@ -15,6 +15,11 @@ use crate::dynamo::backend;
 const SEND_BATCH: usize = 10;
 /// SQS's longest send delay.
 pub const MAX_SEND_DELAY: Duration = Duration::from_secs(900);
+/// The longest retry wait spent as a hidden (in-flight) message. Short: with the
+/// `standard` schedule a dead endpoint receiving 100 events/s then holds about 9 000
+/// messages in flight (30 s + 1 min each), far below SQS's ~120 000 (README, "Retries
+/// and the in-flight limit"); longer waits are delayed sends or schedules.
+pub const MAX_HIDDEN_RETRY: Duration = Duration::from_secs(60);
 /// SQS caps visibility at 12 h after a message's receipt; keep a margin for the
 /// attempt that ran before the change (at most the 30 s timeout plus writes).
 pub const MAX_VISIBILITY_DELAY: Duration = Duration::from_secs(12 * 3600 - 300);
@@ -140,14 +145,56 @@ impl MessageQueue for SqsQueue {
         Ok(())
     }
 
-    fn max_delay(&self) -> Option<Duration> {
-        Some(MAX_VISIBILITY_DELAY)
+    fn delay_limits(&self) -> DelayLimits {
+        Self::limits()
+    }
+}
+
+impl SqsQueue {
+    fn limits() -> DelayLimits {
+        DelayLimits {
+            hide: Some(MAX_HIDDEN_RETRY),
+            send: Some(MAX_SEND_DELAY),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQS refuses receives past about 120 000 messages in flight (standard queue).
+    const SQS_IN_FLIGHT_LIMIT: f64 = 120_000.0;
+    /// The alarm threshold (template.yaml, `delivery-in-flight`).
+    const IN_FLIGHT_ALARM: f64 = 80_000.0;
+
+    #[test]
+    fn a_dead_endpoint_at_100_events_a_second_stays_far_below_the_in_flight_limit() {
+        let limits = SqsQueue::limits();
+        // The longest schedules, each retry at its upper jitter bound.
+        for preset in ["standard", "persistent"] {
+            let policy: entrega_core::retry::RetrySpec =
+                serde_json::from_value(serde_json::json!(preset)).unwrap();
+            let policy = policy.policy().unwrap();
+            let delays: Vec<Duration> = policy
+                .delays()
+                .iter()
+                .map(|d| d.mul_f64(1.0 + policy.jitter()))
+                .collect();
+            // Every attempt running its whole 30 s timeout, the worst case.
+            let held = limits.in_flight(100.0, &delays, Duration::from_secs(30));
+            assert!(held < IN_FLIGHT_ALARM, "{preset}: {held}");
+            // Before: every wait up to 12 h was spent hidden.
+            let before = DelayLimits {
+                hide: Some(MAX_VISIBILITY_DELAY),
+                send: None,
+            };
+            assert!(
+                before.in_flight(100.0, &delays, Duration::from_secs(30)) > SQS_IN_FLIGHT_LIMIT,
+                "{preset}: the calculation sees the old limit broken"
+            );
+        }
+    }
 
     #[test]
     fn a_message_not_yet_due_is_never_hidden_for_zero_seconds() {

@@ -186,6 +186,59 @@ async fn one_second_retries_are_delivered_without_spinning_into_the_dlq() {
     assert_eq!(messages, "0", "nothing in the delivery DLQ");
 }
 
+/// The delivery queue's messages: (visible, in flight, delayed).
+async fn queue_counts(stack: &Stack) -> (u64, u64, u64) {
+    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    let out = aws_sdk_sqs::Client::new(&stack.sdk)
+        .get_queue_attributes()
+        .queue_url(&stack.resources.delivery_queue_url)
+        .attribute_names(Name::All)
+        .send()
+        .await
+        .unwrap();
+    let get = |name: Name| -> u64 {
+        out.attributes()
+            .and_then(|a| a.get(&name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        get(Name::ApproximateNumberOfMessages),
+        get(Name::ApproximateNumberOfMessagesNotVisible),
+        get(Name::ApproximateNumberOfMessagesDelayed),
+    )
+}
+
+/// A wait longer than a minute is not spent in flight: the message is sent again,
+/// delayed, and the received one deleted, so a dead endpoint's retries cannot fill
+/// SQS's in-flight limit for every tenant.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_minute_retry_waits_as_a_delayed_message_not_in_flight() {
+    let stack = Stack::start().await;
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let receiver = Receiver::answering(503).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![120])).await;
+    let e = event(s, &tenant, "a.b", "{}");
+    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
+    eventually(
+        Duration::from_secs(30),
+        "the first attempt recorded",
+        || async {
+            (delivery_state(&stack, &id).await == Some(DeliveryState::Retrying)).then_some(())
+        },
+    )
+    .await;
+    let counts = eventually(Duration::from_secs(10), "a delayed message", || async {
+        let c = queue_counts(&stack).await;
+        (c == (0, 0, 1)).then_some(c)
+    })
+    .await;
+    assert_eq!(counts, (0, 0, 1), "none in flight; one delayed");
+    assert_eq!(receiver.count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
     let clock = Arc::new(ManualClock::new(Utc::now()));
@@ -228,10 +281,20 @@ async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
         (at - wanted).num_seconds().abs() <= 60,
         "scheduled at {at}, wanted about {wanted}"
     );
+    let target = schedule.target().unwrap();
+    assert_eq!(target.arn(), stack.resources.delivery_queue_arn);
     assert_eq!(
-        schedule.target().unwrap().arn(),
-        stack.resources.delivery_queue_arn
+        target.sqs_parameters().and_then(|p| p.message_group_id()),
+        Some(tenant.as_str()),
+        "the retry keeps its tenant's message group (fair queueing)"
     );
+    assert_eq!(
+        target.dead_letter_config().and_then(|d| d.arn()),
+        Some(stack.resources.delivery_dlq_arn.as_str())
+    );
+    assert!(target
+        .retry_policy()
+        .is_some_and(|r| r.maximum_event_age_in_seconds() == Some(86_400)));
 
     // Nothing is due yet; then 13 hours pass (virtual time) and it fires.
     assert_eq!(

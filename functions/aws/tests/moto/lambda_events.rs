@@ -50,7 +50,7 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
         &tenant,
         receiver.url("/"),
         RetrySpec::Custom(CustomRetry {
-            delays_s: vec![600],
+            delays_s: vec![45],
             jitter: 0.0,
             retry_4xx: false,
         }),
@@ -129,8 +129,9 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
         .iter()
         .map(|f| f.item_identifier.clone())
         .collect();
-    // A 503 with 600 s to wait: kept (reported failed, hidden by visibility). The
-    // unreadable one is done with (not reported, so Lambda deletes it).
+    // A 503 with 45 s to wait: kept (reported failed, hidden by visibility; a wait
+    // over a minute would be sent again delayed). The unreadable one is done with (not
+    // reported, so Lambda deletes it).
     assert_eq!(failed, [held.message_id().unwrap().to_owned()]);
     let wire = serde_json::to_value(&response).unwrap();
     assert_eq!(

@@ -276,8 +276,10 @@ async fn settle_terminal(
     }
 }
 
-/// Bring the message back at `at`: by hiding it when the queue allows such a delay,
-/// otherwise through the long-delay scheduler (and the original is deleted).
+/// Bring the message back at `at`: hidden, for a short wait; sent again delayed (the
+/// current one deleted), for a longer one; through the long-delay scheduler beyond
+/// the queue's longest delay. A message sent again that arrives before its time (a
+/// wait longer than one delay) comes here again and goes on.
 async fn requeue(
     services: &Services,
     task: &DeliveryTask,
@@ -285,16 +287,25 @@ async fn requeue(
     at: chrono::DateTime<chrono::Utc>,
 ) -> StoreResult<Disposition> {
     let delay = until(at, services.clock.now());
-    match services.deliveries.max_delay() {
-        Some(max) if delay > max => {
+    let limits = services.deliveries.delay_limits();
+    if limits.hide.is_none_or(|hide| delay <= hide) {
+        return Ok(Disposition::RetryIn(delay));
+    }
+    match limits.send {
+        Some(longest) if delay > longest => {
             services
                 .scheduler
                 .schedule(task.message(endpoint, Duration::ZERO), at)
                 .await?;
-            Ok(Disposition::Done)
         }
-        _ => Ok(Disposition::RetryIn(delay)),
+        _ => {
+            services
+                .deliveries
+                .send(vec![task.message(endpoint, delay)])
+                .await?;
+        }
     }
+    Ok(Disposition::Done)
 }
 
 async fn send_failure_notice(services: &Services, notice: &FailureNotice) -> StoreResult<()> {

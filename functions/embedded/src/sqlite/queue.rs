@@ -17,7 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use entrega_core::ports::{
-    Clock, LongDelayScheduler, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
+    Clock, DelayLimits, LongDelayScheduler, MessageQueue, OutgoingMessage, ReceivedMessage,
+    StoreResult,
 };
 use rusqlite::params;
 use tokio::sync::Notify;
@@ -254,9 +255,9 @@ impl MessageQueue for SqliteQueue {
             .await
     }
 
-    fn max_delay(&self) -> Option<Duration> {
-        // No 12-hour limit here: a long retry is just a message visible later.
-        None
+    fn delay_limits(&self) -> DelayLimits {
+        // No in-flight limit here: a long retry is just a message visible later.
+        DelayLimits::UNLIMITED
     }
 }
 
