@@ -74,10 +74,13 @@ impl FailureStore for DynamoStore {
         let found = self
             .collect_desc(&part, q.cursor.as_deref(), q.limit + 1, &keep, &mut pages)
             .await?;
-        let mut data = Vec::with_capacity(found.items.len());
-        for (_, item) in &found.items {
-            data.push(self.with_payload(from_json(item)?).await?);
-        }
+        // No payloads in a list (the API shows them one failure at a time): a page is
+        // one batch read, not one more read per row.
+        let data = found
+            .items
+            .iter()
+            .map(|(_, item)| from_json::<Failure>(item))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Page::from_rows(
             data,
             q.limit,
@@ -94,11 +97,7 @@ impl FailureStore for DynamoStore {
                 None,
             )
             .await?;
-        let mut failures = Vec::with_capacity(items.len());
-        for item in &items {
-            failures.push(self.with_payload(from_json(item)?).await?);
-        }
-        Ok(failures)
+        items.iter().map(from_json).collect()
     }
 
     async fn acknowledge_failure(

@@ -124,7 +124,10 @@ async fn failures_can_be_listed_read_acknowledged_and_resent() {
     let fid = failure["id"].as_str().unwrap();
     assert_eq!(failure["event_id"], id.as_str());
     assert_eq!(failure["reason"], "not_retryable");
-    assert_eq!(failure["payload"], json!({"amount": 42}));
+    assert!(
+        failure.get("payload").is_none(),
+        "a list carries no payloads: {failure}"
+    );
     assert_eq!(failure["attempt_times"].as_array().unwrap().len(), 1);
     assert_eq!(failure["last_status_code"], 400);
 

@@ -38,7 +38,7 @@ use super::{page_cursor, page_limit, AppState};
 const MAX_NOTE_LEN: usize = 2_000;
 
 #[utoipa::path(get, path = "/v1/failures", tag = "failures", params(ListFailures),
-    responses((status = 200, description = "Dead-letter records, newest first", body = Page<FailureView>), ProblemResponses),
+    responses((status = 200, description = "Dead-letter records, newest first (without payloads: read one for it)", body = Page<FailureView>), ProblemResponses),
     security(("api_key" = [])))]
 #[tracing::instrument(skip_all)]
 pub(super) async fn list_failures(
@@ -53,7 +53,7 @@ pub(super) async fn list_failures(
         cursor: page_cursor::<FailureId>(&query)?,
     };
     let page = state.services.store.list_failures(&q).await?;
-    Ok(Json(Page::of(page, |f| FailureView::from(f))))
+    Ok(Json(Page::of(page, FailureView::summary)))
 }
 
 async fn load_failure(state: &AppState, caller: &Caller, raw: &str) -> ApiResult<Failure> {

@@ -226,8 +226,10 @@ pub struct FailureView {
     pub endpoint_id: String,
     #[schema(value_type = FailureReasonDoc)]
     pub reason: FailureReason,
-    /// The event's data (JSON).
-    pub payload: Value,
+    /// The event's data (JSON): on `GET /v1/failures/{id}` only. A list leaves it
+    /// out, so a page of 200 failures is never 200 payloads of up to 256 KiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
     pub attempt_times: Vec<String>,
     pub last_status_code: Option<u16>,
     pub last_error: Option<String>,
@@ -240,6 +242,16 @@ pub struct FailureView {
     pub acknowledged_by: Option<String>,
 }
 
+impl FailureView {
+    /// The record as a list shows it: without the payload.
+    pub fn summary(f: &Failure) -> Self {
+        Self {
+            payload: None,
+            ..Self::from(f)
+        }
+    }
+}
+
 impl From<&Failure> for FailureView {
     fn from(f: &Failure) -> Self {
         Self {
@@ -250,7 +262,7 @@ impl From<&Failure> for FailureView {
             event_type: f.event_type.clone(),
             endpoint_id: f.endpoint_id.to_string(),
             reason: f.reason,
-            payload: serde_json::from_str(&f.payload).unwrap_or(Value::Null),
+            payload: Some(serde_json::from_str(&f.payload).unwrap_or(Value::Null)),
             attempt_times: f.attempt_times.iter().map(|t| ts(*t)).collect(),
             last_status_code: f.last_status_code,
             last_error: f.last_error.clone(),
