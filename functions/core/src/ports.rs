@@ -132,6 +132,15 @@ pub trait EventStore: Send + Sync {
     /// this id (ids are scoped to their tenant: two tenants may use the same one).
     async fn publish(&self, event: &Event) -> StoreResult<Published>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>>;
+    /// The outbox in storage order, a page of up to `limit` items read at a time from
+    /// `cursor`, keeping the events created at or after `since` (a replay of the
+    /// fan-out). A page may hold fewer than `limit` events and still have a cursor.
+    async fn outbox_page(
+        &self,
+        since: DateTime<Utc>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Page<Event>>;
 }
 
 /// Filters of the delivery log.

@@ -70,6 +70,12 @@ enum Command {
         #[command(subcommand)]
         command: EndpointsCommand,
     },
+    /// The outbox: `entrega outbox replay --backend aws --since …` fans out again the
+    /// events committed since a time (after the outbox trigger gave up on some).
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
     /// Tenants and their API keys.
     Tenants {
         #[command(flatten)]
@@ -77,6 +83,26 @@ enum Command {
         #[command(subcommand)]
         command: TenantsCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Fan out again every event committed at or after --since: idempotent (existing
+    /// deliveries are found, not made twice), so it is safe to repeat.
+    Replay {
+        #[command(flatten)]
+        storage: StorageArgs,
+        /// Replay events created at or after this time (RFC 3339), e.g.
+        /// 2026-11-29T00:00:00Z.
+        #[arg(long, value_parser = parse_since)]
+        since: chrono::DateTime<chrono::Utc>,
+    },
+}
+
+fn parse_since(raw: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("{e}: expected an RFC 3339 time, e.g. 2026-11-29T00:00:00Z"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -274,6 +300,15 @@ async fn run(command: Command) -> Result<(), BoxError> {
         Command::Failures { api, command } => Ok(cli::failures(&api, command).await?),
         Command::Endpoints { api, command } => Ok(cli::endpoints(&api, command).await?),
         Command::Tenants { api, command } => Ok(cli::tenants(&api, command).await?),
+        Command::Outbox {
+            command: OutboxCommand::Replay { storage, since },
+        } => match storage.backend() {
+            // The embedded outbox poller retries every row not yet fanned out by itself.
+            Backend::Sqlite { .. } => Err("outbox replay is for --backend aws: the embedded \
+                 runtime fans out every committed row by itself (its outbox poller)"
+                .into()),
+            Backend::Aws { prefix } => replay_aws(&prefix, since).await,
+        },
         Command::AdminKey(args) => {
             let key = match args.backend() {
                 // The store alone: a running `serve` on the same file keeps its work.
@@ -338,6 +373,43 @@ async fn aws_admin_key(prefix: &str) -> Result<String, BoxError> {
 
 #[cfg(not(feature = "aws"))]
 async fn aws_admin_key(_: &str) -> Result<String, BoxError> {
+    Err(entrega_embedded::serve::NO_AWS.into())
+}
+
+/// `entrega outbox replay --backend aws`: the fan-out again over the outbox table, a
+/// page at a time, printing what it did.
+#[cfg(feature = "aws")]
+async fn replay_aws(prefix: &str, since: chrono::DateTime<chrono::Utc>) -> Result<(), BoxError> {
+    use entrega_core::handlers::replay::replay_outbox;
+    let sdk = sdk_config().await;
+    let resources = AwsResources::discover(&sdk, prefix).await?;
+    // The fan-out sends no webhook: a transport that refuses everything is enough.
+    let transport = Arc::new(entrega_http::transport::HttpTransport::new(
+        TargetPolicy::default(),
+    ));
+    let services = entrega_aws::resources::aws_services(
+        &sdk,
+        &resources,
+        transport,
+        Arc::new(SystemClock),
+    );
+    let (mut events, mut deliveries, mut cursor) = (0, 0, None);
+    loop {
+        let step = replay_outbox(&services, since, cursor.as_deref()).await?;
+        events += step.events;
+        deliveries += step.deliveries;
+        eprintln!("replayed {events} event(s), {deliveries} deliveries…");
+        match step.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    println!("{events} event(s) since {since} fanned out again: {deliveries} deliveries (existing ones untouched)");
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+async fn replay_aws(_: &str, _: chrono::DateTime<chrono::Utc>) -> Result<(), BoxError> {
     Err(entrega_embedded::serve::NO_AWS.into())
 }
 

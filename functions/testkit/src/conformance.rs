@@ -351,3 +351,35 @@ pub async fn delivery_lists_page_newest_first(store: &dyn Store) {
         .unwrap();
     assert_eq!(odd.data.len(), 11, "filters apply to the records");
 }
+
+/// The outbox pages through every event once, keeping those created since a time.
+pub async fn the_outbox_pages_events_since_a_time(store: &dyn Store) {
+    let t = tenant(store).await;
+    let since = Utc::now() - chrono::Duration::minutes(1);
+    let mut want = Vec::new();
+    for age_minutes in [120, 0, 0] {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: t.clone(),
+            event_type: "a.b".into(),
+            payload: "{}".into(),
+            created_at: Utc::now() - chrono::Duration::minutes(age_minutes),
+        };
+        store.publish(&event).await.unwrap();
+        if age_minutes == 0 {
+            want.push(event.id);
+        }
+    }
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    for _ in 0..10_000 {
+        let page = store.outbox_page(since, cursor.as_deref(), 2).await.unwrap();
+        seen.extend(page.data.into_iter().filter(|e| e.tenant_id == t).map(|e| e.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want, "the two recent events, once each");
+}

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
-use entrega_core::ports::{EventStore, Published, StoreResult};
+use entrega_core::ports::{EventStore, Page, Published, StoreResult};
 
 use super::*;
 use crate::outbox::{event_from_item, outbox_item, outbox_key};
@@ -51,9 +51,58 @@ impl EventStore for DynamoStore {
             .await?
             .filter(|e| &e.tenant_id == tenant))
     }
+
+    async fn outbox_page(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Page<Event>> {
+        self.scan_outbox(since, cursor, limit).await
+    }
 }
 
 impl DynamoStore {
+    /// The outbox scanned in pages (a replay walks it once; it holds the retention's
+    /// events, and a page is bounded).
+    pub(crate) async fn scan_outbox(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Page<Event>> {
+        let out = self
+            .client
+            .scan()
+            .table_name(&self.outbox_table)
+            .limit(limit.clamp(1, 1000) as i32)
+            .set_exclusive_start_key(
+                cursor.map(|pk| HashMap::from([(PK.to_owned(), s(pk))])),
+            )
+            .send()
+            .await
+            .map_err(backend)?;
+        let mut data = Vec::new();
+        for item in out.items() {
+            match event_from_item(item) {
+                Ok(event) if event.created_at >= since => data.push(event),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    pk = get_s(item, PK).unwrap_or_default(),
+                    error = %e,
+                    "a malformed outbox item is not replayed"
+                ),
+            }
+        }
+        Ok(Page {
+            data,
+            next_cursor: out
+                .last_evaluated_key()
+                .and_then(|k| get_s(k, PK))
+                .map(str::to_owned),
+        })
+    }
+
     async fn outbox_get(&self, pk: String) -> StoreResult<Option<Event>> {
         let out = self
             .client

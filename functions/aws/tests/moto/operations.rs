@@ -139,4 +139,5 @@ async fn the_dynamodb_store_conforms() {
     tenants_list_newest_first_in_pages(&store).await;
     failures_are_found_by_delivery_and_acknowledged(&store).await;
     delivery_lists_page_newest_first(&store).await;
+    the_outbox_pages_events_since_a_time(&store).await;
 }

@@ -8,6 +8,7 @@ pub mod failures;
 pub mod fanout;
 pub mod health;
 pub mod notices;
+pub mod replay;
 pub mod resend;
 pub mod resume;
 pub mod task;

@@ -4,7 +4,7 @@ use super::{json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
-use entrega_core::ports::{EventStore, Published, StoreResult};
+use entrega_core::ports::{EventStore, Page, Published, StoreResult};
 use rusqlite::params;
 
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
@@ -65,6 +65,39 @@ impl EventStore for SqliteStore {
                     "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
                     [tenant, id],
                 )
+            })
+            .await
+    }
+
+    async fn outbox_page(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Page<Event>> {
+        // The cursor is the outbox sequence number: storage order, never reused.
+        let after: i64 = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
+        let limit = limit.clamp(1, 1000);
+        self.db
+            .call(move |conn| {
+                let mut stmt =
+                    conn.prepare("SELECT seq, json FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+                let rows = stmt
+                    .query_map(params![after, limit as i64], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                let next_cursor = (rows.len() == limit)
+                    .then(|| rows.last().map(|(seq, _)| seq.to_string()))
+                    .flatten();
+                let mut data = Vec::new();
+                for (_, json) in rows {
+                    let event: Event = serde_json::from_str(&json)?;
+                    if event.created_at >= since {
+                        data.push(event);
+                    }
+                }
+                Ok(Page { data, next_cursor })
             })
             .await
     }
