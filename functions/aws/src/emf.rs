@@ -87,6 +87,11 @@ impl Metrics for EmfMetrics {
         );
         println!("{doc}");
     }
+
+    fn outbox_item_refused(&self) {
+        let doc = document(&[&[]], json!({}), &[("MalformedOutboxItems", "Count", 1.0)]);
+        println!("{doc}");
+    }
 }
 
 #[cfg(test)]

@@ -152,7 +152,11 @@ impl Emulation {
             if records.is_empty() {
                 continue;
             }
-            let response = outbox_batch(&self.services, records.clone()).await;
+            let quarantine = crate::sqs::SqsQueue::new(
+                self.clients.sqs.clone(),
+                self.resources.outbox_dlq_url.clone(),
+            );
+            let response = outbox_batch(&self.services, &quarantine, records.clone()).await;
             let failed = response
                 .batch_item_failures
                 .first()

@@ -43,3 +43,12 @@ pub fn settings_from_env() -> Settings {
         ..defaults
     }
 }
+
+/// The outbox trigger's quarantine: its DLQ, from the environment.
+pub async fn outbox_quarantine() -> Result<crate::sqs::SqsQueue, BoxError> {
+    let resources = AwsResources::from_env()?;
+    Ok(crate::sqs::SqsQueue::new(
+        aws_sdk_sqs::Client::new(&sdk_config().await),
+        resources.outbox_dlq_url,
+    ))
+}

@@ -12,7 +12,7 @@ use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::task::DeliveryTask;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::ports::Services;
+use entrega_core::ports::{MessageQueue, OutgoingMessage, Services};
 use futures_util::future::join_all;
 use serde_json::Value;
 use tokio::sync::Semaphore;
@@ -51,6 +51,7 @@ pub fn outbox_records(event: aws_lambda_events::event::dynamodb::Event) -> Vec<O
 /// from that sequence number, and fan-out is idempotent for the ones replayed).
 pub async fn outbox_batch(
     services: &Services,
+    quarantine: &dyn MessageQueue,
     records: Vec<OutboxRecord>,
 ) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
@@ -63,8 +64,31 @@ pub async fn outbox_batch(
             Ok(event) => event,
             Err(e) => {
                 // A malformed producer item can never become an event; retrying it
-                // would block the shard for every tenant behind it.
-                tracing::error!(sequence = %record.sequence_number, error = %e, "skipping a malformed outbox item");
+                // would block the shard for every tenant behind it. It goes to the
+                // outbox DLQ (alarmed) with the reason, so nothing vanishes unseen; if
+                // even that fails, the batch stops here and Lambda retries it.
+                tracing::error!(sequence = %record.sequence_number, error = %e, "quarantining a malformed outbox item");
+                let message = OutgoingMessage {
+                    body: serde_json::json!({
+                        "kind": "malformed_outbox_item",
+                        "reason": e.to_string(),
+                        "sequence_number": record.sequence_number,
+                        "new_image": record.new_image,
+                    })
+                    .to_string(),
+                    group: "outbox".into(),
+                    delay: std::time::Duration::ZERO,
+                    concurrency_key: None,
+                    concurrency_limit: 0,
+                };
+                if let Err(e) = quarantine.send(vec![message]).await {
+                    tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
+                    let mut failure = DynamoDbBatchItemFailure::default();
+                    failure.item_identifier = Some(record.sequence_number);
+                    response.batch_item_failures.push(failure);
+                    break;
+                }
+                services.metrics.outbox_item_refused();
                 continue;
             }
         };

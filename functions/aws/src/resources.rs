@@ -25,6 +25,9 @@ pub struct AwsResources {
     /// Where a scheduled retry goes when the scheduler cannot deliver it to the queue.
     pub delivery_dlq_arn: String,
     pub failure_queue_url: String,
+    /// Where the outbox trigger's failures go: stream batches it gave up on (Lambda's
+    /// on-failure destination) and items that can never be events (quarantined).
+    pub outbox_dlq_url: String,
     pub schedule_group: String,
     pub scheduler_role_arn: String,
     pub alert_topic_arn: String,
@@ -82,6 +85,7 @@ impl AwsResources {
             delivery_queue_arn: var("ENTREGA_DELIVERY_QUEUE_ARN")?,
             delivery_dlq_arn: var("ENTREGA_DELIVERY_DLQ_ARN")?,
             failure_queue_url: var("ENTREGA_FAILURE_QUEUE_URL")?,
+            outbox_dlq_url: var("ENTREGA_OUTBOX_DLQ_URL")?,
             schedule_group: var("ENTREGA_SCHEDULE_GROUP")?,
             scheduler_role_arn: var("ENTREGA_SCHEDULER_ROLE_ARN")?,
             alert_topic_arn: var("ENTREGA_ALERT_TOPIC_ARN")?,
@@ -116,6 +120,7 @@ impl AwsResources {
         };
         let delivery_queue_url = url_of(names.delivery_queue.clone()).await?;
         let failure_queue_url = url_of(names.failure_queue.clone()).await?;
+        let outbox_dlq_url = url_of(names.outbox_dlq.clone()).await?;
         let delivery_queue_arn = queue_arn(&sqs, &delivery_queue_url).await?;
         let delivery_dlq_arn = queue_arn(&sqs, &url_of(names.delivery_dlq.clone()).await?).await?;
         let account_region = delivery_queue_arn
@@ -133,6 +138,7 @@ impl AwsResources {
             delivery_queue_arn,
             delivery_dlq_arn,
             failure_queue_url,
+            outbox_dlq_url,
             schedule_group: names.schedule_group,
             scheduler_role_arn: format!("arn:aws:iam::{account}:role/{}", names.scheduler_role),
             alert_topic_arn: format!("arn:aws:sns:{region}:{account}:{}", names.alert_topic),

@@ -405,6 +405,8 @@ pub trait Metrics: Send + Sync {
     fn failure(&self, tenant: &TenantId);
     /// Age of the oldest unacknowledged failure (`None`: there is none).
     fn oldest_unacknowledged_failure(&self, age: Option<Duration>);
+    /// An outbox item that can never become an event (malformed) was quarantined.
+    fn outbox_item_refused(&self) {}
 }
 
 /// Metrics that go nowhere (tools that run handlers outside a runtime).

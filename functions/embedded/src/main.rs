@@ -387,12 +387,8 @@ async fn replay_aws(prefix: &str, since: chrono::DateTime<chrono::Utc>) -> Resul
     let transport = Arc::new(entrega_http::transport::HttpTransport::new(
         TargetPolicy::default(),
     ));
-    let services = entrega_aws::resources::aws_services(
-        &sdk,
-        &resources,
-        transport,
-        Arc::new(SystemClock),
-    );
+    let services =
+        entrega_aws::resources::aws_services(&sdk, &resources, transport, Arc::new(SystemClock));
     let (mut events, mut deliveries, mut cursor) = (0, 0, None);
     loop {
         let step = replay_outbox(&services, since, cursor.as_deref()).await?;

@@ -10,8 +10,10 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 async fn main() -> Result<(), Error> {
     let transport = Arc::new(HttpTransport::new(TargetPolicy::from_env()?));
     let services = entrega_aws::function::cold_start(transport).await?;
+    let quarantine = entrega_aws::function::outbox_quarantine().await?;
     run(service_fn(|event: LambdaEvent<Event>| async {
-        Ok::<_, Error>(outbox_batch(&services, outbox_records(event.payload)).await)
+        let records = outbox_records(event.payload);
+        Ok::<_, Error>(outbox_batch(&services, &quarantine, records).await)
     }))
     .await
 }

@@ -372,8 +372,16 @@ pub async fn the_outbox_pages_events_since_a_time(store: &dyn Store) {
     }
     let (mut seen, mut cursor) = (Vec::new(), None::<String>);
     for _ in 0..10_000 {
-        let page = store.outbox_page(since, cursor.as_deref(), 2).await.unwrap();
-        seen.extend(page.data.into_iter().filter(|e| e.tenant_id == t).map(|e| e.id));
+        let page = store
+            .outbox_page(since, cursor.as_deref(), 2)
+            .await
+            .unwrap();
+        seen.extend(
+            page.data
+                .into_iter()
+                .filter(|e| e.tenant_id == t)
+                .map(|e| e.id),
+        );
         match page.next_cursor {
             Some(next) => cursor = Some(next),
             None => break,

@@ -76,9 +76,7 @@ impl DynamoStore {
             .scan()
             .table_name(&self.outbox_table)
             .limit(limit.clamp(1, 1000) as i32)
-            .set_exclusive_start_key(
-                cursor.map(|pk| HashMap::from([(PK.to_owned(), s(pk))])),
-            )
+            .set_exclusive_start_key(cursor.map(|pk| HashMap::from([(PK.to_owned(), s(pk))])))
             .send()
             .await
             .map_err(backend)?;

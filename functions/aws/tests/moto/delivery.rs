@@ -437,11 +437,23 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
             }
         }
     };
-    assert_eq!(replay_all().await, 3, "the three recent events, not the old one");
-    assert_eq!(replay_all().await, 3, "a second replay finds the same three");
+    assert_eq!(
+        replay_all().await,
+        3,
+        "the three recent events, not the old one"
+    );
+    assert_eq!(
+        replay_all().await,
+        3,
+        "a second replay finds the same three"
+    );
     for e in &recent {
         let made = s.store.deliveries_of_event(&tenant, &e.id).await.unwrap();
-        assert_eq!(made.len(), 1, "one delivery per event, however often replayed");
+        assert_eq!(
+            made.len(),
+            1,
+            "one delivery per event, however often replayed"
+        );
         assert_eq!(made[0].endpoint_id, ep.id);
     }
     assert!(s

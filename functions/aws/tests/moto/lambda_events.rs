@@ -64,13 +64,34 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
         "pk": {"S": e.id.as_str()}, "tenant_id": {"S": tenant.as_str()}, "type": {"S": "a.b"},
         "payload": {"S": e.payload}, "created_at": {"S": entrega_core::event::format_timestamp(e.created_at)}
     });
+    let malformed = json!({"pk": {"S": "bad.id"}, "tenant_id": {"S": tenant.as_str()}});
     let records = outbox_records(stream_event(json!([
         stream_record("100", "INSERT", image.clone()),
+        stream_record("150", "INSERT", malformed),
         stream_record("200", "REMOVE", image),
     ])));
-    assert_eq!(records.len(), 2);
-    let response = outbox_batch(s, records).await;
-    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(records.len(), 3);
+    let quarantine = entrega_aws::sqs::SqsQueue::new(
+        aws_sdk_sqs::Client::new(&stack.sdk),
+        stack.resources.outbox_dlq_url.clone(),
+    );
+    let response = outbox_batch(s, &quarantine, records).await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "a malformed item never blocks the shard"
+    );
+    // It is in the outbox DLQ with its reason, not dropped.
+    let parked = aws_sdk_sqs::Client::new(&stack.sdk)
+        .receive_message()
+        .queue_url(&stack.resources.outbox_dlq_url)
+        .send()
+        .await
+        .unwrap();
+    let body: serde_json::Value =
+        serde_json::from_str(parked.messages()[0].body().unwrap()).unwrap();
+    assert_eq!(body["kind"], "malformed_outbox_item");
+    assert_eq!(body["sequence_number"], "150");
+    assert!(!body["reason"].as_str().unwrap().is_empty());
     let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
     assert!(
         s.store.get_delivery(&id).await.unwrap().is_some(),

@@ -80,8 +80,8 @@ impl EventStore for SqliteStore {
         let limit = limit.clamp(1, 1000);
         self.db
             .call(move |conn| {
-                let mut stmt =
-                    conn.prepare("SELECT seq, json FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+                let mut stmt = conn
+                    .prepare("SELECT seq, json FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
                 let rows = stmt
                     .query_map(params![after, limit as i64], |r| {
                         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))

@@ -140,9 +140,16 @@ async fn resend_and_failures_on_the_aws_backend() {
     .await;
     let fid = failure["id"].as_str().unwrap();
     assert_eq!(failure["event_id"].as_str(), Some(id.as_str()));
-    assert!(failure.get("payload").is_none(), "a list carries no payloads");
+    assert!(
+        failure.get("payload").is_none(),
+        "a list carries no payloads"
+    );
     let (_, one) = acme.get(&format!("/v1/failures/{fid}")).await;
-    assert_eq!(one["payload"], json!({"x": 1}), "one failure carries its payload");
+    assert_eq!(
+        one["payload"],
+        json!({"x": 1}),
+        "one failure carries its payload"
+    );
     assert_eq!(other.get(&format!("/v1/failures/{fid}")).await.0, 404);
     let (status, acked) = acme
         .post(&format!("/v1/failures/{fid}/ack"), json!({"note": "on it"}))
