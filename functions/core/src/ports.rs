@@ -221,6 +221,10 @@ pub trait CounterStore: Send + Sync {
     /// Add one to the counter `key` and return the new value. Counters expire after
     /// `ttl` (hourly windows need not be kept forever).
     async fn increment(&self, key: &str, ttl: Duration) -> StoreResult<u64>;
+    /// Add one to the counter `key` unless `token` was counted before, atomically (the
+    /// count and the token commit together), and return the counter's value: a handler
+    /// that runs again after dying midway counts each thing exactly once.
+    async fn increment_once(&self, key: &str, token: &str, ttl: Duration) -> StoreResult<u64>;
     /// Store `value` under `key` unless something is there already, and return what was
     /// there (the answer to a repeated request with the same `Idempotency-Key`).
     async fn remember_once(

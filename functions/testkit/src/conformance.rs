@@ -391,3 +391,22 @@ pub async fn the_outbox_pages_events_since_a_time(store: &dyn Store) {
     want.sort();
     assert_eq!(seen, want, "the two recent events, once each");
 }
+
+/// A counter counts each token once, and says its value either way.
+pub async fn counters_count_each_token_once(store: &dyn Store) {
+    let ttl = std::time::Duration::from_secs(3600);
+    let key = format!("conf#{}", rand::random::<u64>());
+    let token = |n: u32| format!("counted#{key}#{n}");
+    assert_eq!(store.increment_once(&key, &token(1), ttl).await.unwrap(), 1);
+    assert_eq!(
+        store.increment_once(&key, &token(1), ttl).await.unwrap(),
+        1,
+        "again: not counted"
+    );
+    assert_eq!(store.increment_once(&key, &token(2), ttl).await.unwrap(), 2);
+    assert_eq!(
+        store.increment(&key, ttl).await.unwrap(),
+        3,
+        "the same counter"
+    );
+}

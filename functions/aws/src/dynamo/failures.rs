@@ -188,6 +188,50 @@ impl CounterStore for DynamoStore {
             .ok_or_else(|| StoreError::Backend("the counter update returned no value".into()))
     }
 
+    async fn increment_once(&self, counter: &str, token: &str, ttl: Duration) -> StoreResult<u64> {
+        use aws_sdk_dynamodb::types::{Put, TransactWriteItem, Update};
+        let expires = self.clock.now().timestamp() + ttl.as_secs() as i64;
+        let mut marker = key(keys::remembered(token));
+        marker.insert("value".into(), s("counted"));
+        marker.insert(TTL_ATTRIBUTE.into(), n(expires));
+        let claim = Put::builder()
+            .table_name(&self.main_table)
+            .set_item(Some(marker))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .expect("table and item are set");
+        let count = Update::builder()
+            .table_name(&self.main_table)
+            .set_key(Some(key(keys::counter(counter))))
+            .update_expression("ADD #v :one SET #ttl = if_not_exists(#ttl, :exp)")
+            .expression_attribute_names("#v", "value")
+            .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":exp", n(expires))
+            .build()
+            .expect("table, key and expression are set");
+        // The token and the count commit together: counted once, or not at all.
+        match self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(claim).build())
+            .transact_items(TransactWriteItem::builder().update(count).build())
+            .send()
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_condition_failure(&e) => {}
+            Err(e) => return Err(backend(e)),
+        }
+        let item = self.get_main(keys::counter(counter)).await?;
+        Ok(item
+            .as_ref()
+            .and_then(|i| i.get("value"))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
     async fn remember_once(
         &self,
         remembered: &str,

@@ -140,4 +140,5 @@ async fn the_dynamodb_store_conforms() {
     failures_are_found_by_delivery_and_acknowledged(&store).await;
     delivery_lists_page_newest_first(&store).await;
     the_outbox_pages_events_since_a_time(&store).await;
+    counters_count_each_token_once(&store).await;
 }

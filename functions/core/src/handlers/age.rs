@@ -60,7 +60,7 @@ pub async fn check_unacknowledged(services: &Services) -> StoreResult<Option<Dur
                 }),
             };
             let claim = format!("age-alert#{}#{}", failure.id, day.timestamp());
-            notify_once(services, &claim, ALERT_CLAIM_TTL, notice).await?;
+            notify_once(services, &claim, None, ALERT_CLAIM_TTL, notice).await?;
         }
         query.cursor = page.next_cursor;
         if query.cursor.is_none() {

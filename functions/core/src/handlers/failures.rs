@@ -14,7 +14,7 @@ use crate::failure::{Acknowledgement, Failure, FailureNotice, FailureReason, Rea
 use crate::ids::FailureId;
 use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
 
-use super::notices::{notify_once, owner_of, publish_operational, send, take_claim};
+use super::notices::{mark_sent, notify_once, owner_of, publish_operational, send, take_claim};
 
 /// Failures per tenant per hour above which on-call hears about it (DESIGN.md).
 pub const DEFAULT_ALERT_THRESHOLD: u64 = 10;
@@ -82,19 +82,35 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
             acknowledge_resolved(services, &current).await?;
         }
     }
-    if !created {
-        return Ok(());
+    if created {
+        tracing::warn!(failure_id = %failure.id, reason = ?failure.reason, last_error = ?failure.last_error, "delivery failed");
+        services.metrics.failure(&failure.tenant_id);
     }
-    tracing::warn!(failure_id = %failure.id, reason = ?failure.reason, last_error = ?failure.last_error, "delivery failed");
-    services.metrics.failure(&failure.tenant_id);
+    // The side effects run on every delivery of the notice, each once by its own
+    // guard: a handler that died after writing the record (the notice comes back)
+    // still counts, alerts, tells the owner and publishes, and one that finished does
+    // none of it twice.
+    side_effects(services, notice, &failure).await
+}
+
+/// Count the failure in its tenant's hour (exactly once: the count and the failure's
+/// token commit together), alert on-call once per tenant and hour past the threshold,
+/// tell the owner, and publish `entrega.delivery.exhausted` (idempotent by its id).
+async fn side_effects(
+    services: &Services,
+    notice: &FailureNotice,
+    failure: &Failure,
+) -> StoreResult<()> {
+    let store = &services.store;
     let window_start = notice
         .failed_at
         .duration_trunc(TimeDelta::hours(1))
         .unwrap_or(notice.failed_at);
     let window = window_start.timestamp();
     let count = store
-        .increment(
+        .increment_once(
             &format!("failures#{}#{window}", notice.tenant_id),
+            &format!("counted#{}", failure.id),
             COUNTER_TTL,
         )
         .await?;
@@ -116,10 +132,17 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
             }),
         };
         let claim = format!("threshold-alert#{}#{window}", notice.tenant_id);
-        notify_once(services, &claim, COUNTER_TTL, alert).await?;
+        notify_once(
+            services,
+            &claim,
+            Some(failure.id.as_str()),
+            COUNTER_TTL,
+            alert,
+        )
+        .await?;
     }
     if failure.reason == FailureReason::Exhausted && !is_operational(&failure.event_type) {
-        tell_owner(services, &failure, window).await?;
+        tell_owner(services, failure, window).await?;
         let id = format!(
             "entrega-exhausted-{}-{}",
             failure.delivery_id, notice.generation
@@ -149,7 +172,7 @@ async fn record(services: &Services, notice: &FailureNotice) -> StoreResult<()> 
 async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> StoreResult<()> {
     // Claimed before the owner is looked up: the rest of the hour's failures cost no read.
     let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
-    if !take_claim(services, &claim, COUNTER_TTL).await? {
+    if !take_claim(services, &claim, Some(failure.id.as_str()), COUNTER_TTL).await? {
         return Ok(());
     }
     let Some(owner) = owner_of(services, &failure.tenant_id).await? else {
@@ -173,7 +196,7 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
         }),
     };
     send(services, &notice).await;
-    Ok(())
+    mark_sent(services, &claim, COUNTER_TTL).await
 }
 
 /// A resend that was delivered settles the failure records of the generations before

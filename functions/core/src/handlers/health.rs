@@ -120,7 +120,7 @@ pub async fn disable(
             endpoint.id,
             now.timestamp() / 86_400
         );
-        notify_once(services, &claim, NOTICE_CLAIM_TTL, notice).await?;
+        notify_once(services, &claim, None, NOTICE_CLAIM_TTL, notice).await?;
     }
     let id = format!("entrega-disabled-{}-{}", endpoint.id, now.timestamp());
     let data =

@@ -17,24 +17,56 @@ const NOTIFY_TRIES: u32 = 3;
 pub async fn notify_once(
     services: &Services,
     claim: &str,
+    holder: Option<&str>,
     ttl: Duration,
     notice: Notice,
 ) -> StoreResult<()> {
-    if take_claim(services, claim, ttl).await? {
+    if take_claim(services, claim, holder, ttl).await? {
         send(services, &notice).await;
+        mark_sent(services, claim, ttl).await?;
     }
     Ok(())
 }
 
-/// Take `claim` for `ttl`; `false` if it was already taken. Claim before building a
-/// notice that costs a read (the owner's address), so a storm of failures reads once.
-pub async fn take_claim(services: &Services, claim: &str, ttl: Duration) -> StoreResult<bool> {
-    Ok(services
-        .store
-        .remember_once(claim, "sent", ttl)
-        .await?
-        .is_none())
+/// Take `claim` for `ttl`; `false` if someone else holds it, or it was sent. A
+/// `holder` (the failure that raised the notice) may take its own claim again until
+/// [`mark_sent`]: a handler that died between the claim and the send, run again for
+/// the same failure, sends it then instead of never (and twice only if it died
+/// between sending and marking). Claim before building a notice that costs a read
+/// (the owner's address), so a storm of failures reads once.
+pub async fn take_claim(
+    services: &Services,
+    claim: &str,
+    holder: Option<&str>,
+    ttl: Duration,
+) -> StoreResult<bool> {
+    let value = holder.unwrap_or(ANONYMOUS_HOLDER);
+    Ok(
+        match services.store.remember_once(claim, value, ttl).await? {
+            None => true,
+            Some(existing) if holder.is_some_and(|h| h == existing) => {
+                services.store.recall(&sent_marker(claim)).await?.is_none()
+            }
+            Some(_) => false,
+        },
+    )
 }
+
+/// Record that the notice of `claim` left the process.
+pub async fn mark_sent(services: &Services, claim: &str, ttl: Duration) -> StoreResult<()> {
+    services
+        .store
+        .remember_once(&sent_marker(claim), "1", ttl)
+        .await
+        .map(|_| ())
+}
+
+fn sent_marker(claim: &str) -> String {
+    format!("{claim}#sent")
+}
+
+/// The claim value when no holder is named: nobody may take it again.
+const ANONYMOUS_HOLDER: &str = "sent";
 
 /// Hand `notice` to the notifier; a notifier that keeps failing is logged.
 pub async fn send(services: &Services, notice: &Notice) {

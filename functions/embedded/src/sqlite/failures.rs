@@ -169,6 +169,40 @@ impl CounterStore for SqliteStore {
             .await
     }
 
+    async fn increment_once(&self, key: &str, token: &str, ttl: Duration) -> StoreResult<u64> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        let now = self.clock.now().timestamp();
+        let expires_at = now + ttl.as_secs() as i64;
+        self.db
+            .call(move |conn| {
+                let tx = conn.transaction()?;
+                tx.execute("DELETE FROM remembered WHERE expires_at < ?1", [now])?;
+                let fresh = tx.execute(
+                    "INSERT INTO remembered (key, value, expires_at) VALUES (?1, 'counted', ?2)
+                     ON CONFLICT (key) DO NOTHING",
+                    params![token, expires_at],
+                )? == 1;
+                let value: i64 = if fresh {
+                    tx.query_row(
+                        "INSERT INTO counters (key, value, expires_at) VALUES (?1, 1, ?2)
+                         ON CONFLICT (key) DO UPDATE SET value = value + 1
+                         RETURNING value",
+                        params![key, expires_at],
+                        |r| r.get(0),
+                    )?
+                } else {
+                    tx.query_row("SELECT value FROM counters WHERE key = ?1", [&key], |r| {
+                        r.get(0)
+                    })
+                    .optional()?
+                    .unwrap_or(0)
+                };
+                tx.commit()?;
+                Ok(value as u64)
+            })
+            .await
+    }
+
     async fn remember_once(
         &self,
         key: &str,

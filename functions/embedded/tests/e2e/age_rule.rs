@@ -1,5 +1,6 @@
-//! The 24-hour rule under virtual time: a real SQLite store, a manual clock, and a
-//! notifier that records what would leave the process.
+//! Handlers under virtual time — the 24-hour rule, endpoint health, the failure
+//! handler's side effects — on a real SQLite store, a manual clock, and a notifier
+//! that records what would leave the process.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -223,4 +224,116 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
             email: "owner@acme.example".into()
         }
     );
+}
+
+/// The failure handler died after writing the record (the notice comes back): run
+/// again, it still counts, alerts and tells the owner, once; run a third time, nothing
+/// more leaves the process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failure_handler_that_died_after_its_record_still_alerts_exactly_once() {
+    use entrega_core::delivery::{Delivery, DeliveryState};
+    use entrega_core::endpoint::Endpoint;
+    use entrega_core::event::Event;
+    use entrega_core::failure::FailureNotice;
+    use entrega_core::handlers::failures::handle_failure;
+    use entrega_core::tenant::Tenant;
+
+    let dir = TempDir::new("effects");
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
+    let (mut services, _) = open_sqlite(&dir.0.join("fx.db"), clock.clone(), transport)
+        .await
+        .unwrap();
+    let notices = Arc::new(Recorded::default());
+    services.notifier = notices.clone();
+    services.settings.alert_threshold = 0;
+    let now = clock.now();
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "Acme".into(),
+        owner_email: "owner@acme.example".into(),
+        created_at: now,
+    };
+    services.store.create_tenant(&tenant, "h").await.unwrap();
+    let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", now);
+    services.store.create_endpoint(&endpoint).await.unwrap();
+    let event = Event {
+        id: EventId::generate(),
+        tenant_id: tenant.id.clone(),
+        event_type: "lead.won".into(),
+        payload: "{}".into(),
+        created_at: now,
+    };
+    services.store.publish(&event).await.unwrap();
+    let id = DeliveryId::for_event(&event.id, &endpoint.id, now.timestamp_millis());
+    let delivery = Delivery {
+        state: DeliveryState::Exhausted,
+        ..Delivery::new(id.clone(), &event, endpoint.id.clone(), false, now)
+    };
+    services
+        .store
+        .create_delivery_if_absent(&delivery)
+        .await
+        .unwrap();
+    let notice = FailureNotice {
+        delivery_id: id.clone(),
+        tenant_id: tenant.id.clone(),
+        generation: 0,
+        reason: FailureReason::Exhausted,
+        failed_at: now,
+    };
+    // The first run wrote its record, then died.
+    let record = Failure {
+        id: FailureId::for_delivery(&id, 0, now.timestamp_millis()),
+        tenant_id: tenant.id.clone(),
+        delivery_id: id.clone(),
+        event_id: event.id.clone(),
+        endpoint_id: endpoint.id.clone(),
+        event_type: "lead.won".into(),
+        ..failure(now)
+    };
+    assert!(services.store.put_failure_if_absent(&record).await.unwrap());
+
+    let body = serde_json::to_string(&notice).unwrap();
+    handle_failure(&services, &body).await.unwrap();
+    let kinds = |n: &Recorded| -> Vec<String> {
+        let mut k: Vec<String> = n.0.lock().unwrap().iter().map(|n| n.kind.clone()).collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        kinds(&notices),
+        ["delivery_exhausted", "failure_threshold"],
+        "the run after the crash alerts and tells the owner"
+    );
+    let operational: EventId = format!("entrega-exhausted-{id}-0").parse().unwrap();
+    assert!(services
+        .store
+        .get_event(&tenant.id, &operational)
+        .await
+        .unwrap()
+        .is_some());
+
+    handle_failure(&services, &body).await.unwrap();
+    assert_eq!(
+        kinds(&notices).len(),
+        2,
+        "and a further run sends nothing twice"
+    );
+    let counted = services
+        .store
+        .increment_once(
+            &format!(
+                "failures#{}#{}",
+                tenant.id,
+                chrono::DurationRound::duration_trunc(now, chrono::TimeDelta::hours(1))
+                    .unwrap()
+                    .timestamp()
+            ),
+            &format!("counted#{}", record.id),
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+    assert_eq!(counted, 1, "counted once");
 }
