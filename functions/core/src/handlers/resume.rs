@@ -1,59 +1,113 @@
-//! Resuming an endpoint that was re-enabled: its paused deliveries are queued again.
+//! Resuming an endpoint that was re-enabled: its paused deliveries are queued again,
+//! in the background. Enabling queues a [`ResumeTask`]; the worker takes it like any
+//! message and resumes one bounded batch, then queues the task again while paused
+//! deliveries remain. So an endpoint with a million paused deliveries is enabled in
+//! one fast request, and no invocation runs past its time.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
-use crate::ports::{Services, StoreError, StoreResult};
+use crate::ids::{EndpointId, TenantId};
+use crate::ports::{OutgoingMessage, Services, StoreError, StoreResult};
 
 use super::task::DeliveryTask;
 
 /// Paused deliveries handled per store round trip.
 const RESUME_BATCH: usize = 100;
+/// Round trips one resume step makes before it hands over to the next message.
+const RESUME_BATCHES_PER_STEP: usize = 10;
 
-/// Queue every paused delivery of `endpoint`; returns how many.
-pub async fn resume_paused(services: &Services, endpoint: &Endpoint) -> StoreResult<usize> {
-    let mut resumed = 0;
-    loop {
-        let paused = services
-            .store
-            .paused_deliveries(&endpoint.id, RESUME_BATCH)
-            .await?;
-        if paused.is_empty() {
-            return Ok(resumed);
-        }
-        // Queue first, then mark pending: a crash in between leaves a paused delivery
-        // with a message (the worker starts it anyway), never a pending one without.
-        let messages = paused
-            .iter()
-            .map(|d| DeliveryTask::for_delivery(d, endpoint).message(endpoint, Duration::ZERO))
-            .collect();
-        services.deliveries.send(messages).await?;
-        let now = services.clock.now();
-        let mut moved = 0;
-        for delivery in paused {
-            let mut next = delivery;
-            next.state = DeliveryState::Pending;
-            next.next_attempt_at = Some(now);
-            next.updated_at = now;
-            match services.store.save_delivery(&next, &[]).await {
-                Ok(_) => moved += 1,
-                // The worker got there first: it is no longer ours to move.
-                Err(StoreError::Conflict(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        resumed += moved;
-        if moved > 0 {
-            services
-                .backlog
-                .record(&endpoint.tenant_id, moved as i64)
-                .await?;
-        }
-        if moved == 0 {
-            // Every row changed under us (the endpoint was disabled again): stop rather
-            // than spin; the worker owns those deliveries now.
-            return Ok(resumed);
+/// "Resume this endpoint's paused deliveries": a delivery-queue message of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeTask {
+    pub resume_endpoint: EndpointId,
+    pub tenant_id: TenantId,
+}
+
+impl ResumeTask {
+    pub fn message(endpoint: &Endpoint) -> OutgoingMessage {
+        let task = Self {
+            resume_endpoint: endpoint.id.clone(),
+            tenant_id: endpoint.tenant_id.clone(),
+        };
+        OutgoingMessage {
+            body: serde_json::to_string(&task).expect("a task serialises"),
+            group: endpoint.tenant_id.to_string(),
+            delay: Duration::ZERO,
+            concurrency_key: None,
+            concurrency_limit: 0,
         }
     }
+}
+
+/// Queue the background resume of a re-enabled endpoint.
+pub async fn start_resume(services: &Services, endpoint: &Endpoint) -> StoreResult<()> {
+    services
+        .deliveries
+        .send(vec![ResumeTask::message(endpoint)])
+        .await
+}
+
+/// One step of a background resume: up to [`RESUME_BATCHES_PER_STEP`] batches, then the
+/// task again if paused deliveries remain. Done for a disabled or deleted endpoint.
+pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<usize> {
+    let Some(endpoint) = services.store.get_endpoint(&task.resume_endpoint).await? else {
+        return Ok(0);
+    };
+    if endpoint.disabled {
+        return Ok(0);
+    }
+    let mut resumed = 0;
+    for _ in 0..RESUME_BATCHES_PER_STEP {
+        match resume_batch(services, &endpoint).await? {
+            0 => return Ok(resumed),
+            moved => resumed += moved,
+        }
+    }
+    // More may wait: hand over to a fresh message (and, on AWS, a fresh invocation).
+    start_resume(services, &endpoint).await?;
+    Ok(resumed)
+}
+
+/// Queue up to [`RESUME_BATCH`] paused deliveries; how many were moved (0: none left,
+/// or every one changed under us, when the worker owns them).
+async fn resume_batch(services: &Services, endpoint: &Endpoint) -> StoreResult<usize> {
+    let paused = services
+        .store
+        .paused_deliveries(&endpoint.id, RESUME_BATCH)
+        .await?;
+    if paused.is_empty() {
+        return Ok(0);
+    }
+    // Queue first, then mark pending: a crash in between leaves a paused delivery
+    // with a message (the worker starts it anyway), never a pending one without.
+    let messages = paused
+        .iter()
+        .map(|d| DeliveryTask::for_delivery(d, endpoint).message(endpoint, Duration::ZERO))
+        .collect();
+    services.deliveries.send(messages).await?;
+    let now = services.clock.now();
+    let mut moved = 0;
+    for delivery in paused {
+        let mut next = delivery;
+        next.state = DeliveryState::Pending;
+        next.next_attempt_at = Some(now);
+        next.updated_at = now;
+        match services.store.save_delivery(&next, &[]).await {
+            Ok(_) => moved += 1,
+            // The worker got there first: it is no longer ours to move.
+            Err(StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if moved > 0 {
+        services
+            .backlog
+            .record(&endpoint.tenant_id, moved as i64)
+            .await?;
+    }
+    Ok(moved)
 }

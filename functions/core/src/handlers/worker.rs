@@ -14,6 +14,7 @@ use crate::retry::{RetryPolicy, RetrySpec};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
 use super::health;
+use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
 use super::until;
 use super::webhook::signed_request;
@@ -38,6 +39,12 @@ pub enum Disposition {
 pub async fn handle_delivery(services: &Services, body: &str) -> StoreResult<Disposition> {
     let task: DeliveryTask = match serde_json::from_str(body) {
         Ok(task) => task,
+        Err(_) if let Ok(resume) = serde_json::from_str::<ResumeTask>(body) => {
+            let span = info_span!("resume", endpoint_id = %resume.resume_endpoint);
+            let resumed = resume_step(services, &resume).instrument(span).await?;
+            tracing::info!(endpoint_id = %resume.resume_endpoint, resumed, "paused deliveries resumed");
+            return Ok(Disposition::Done);
+        }
         Err(e) => {
             // Not ours to interpret; keeping it would only redeliver it forever.
             tracing::error!(error = %e, "dropping an unreadable delivery message");

@@ -176,6 +176,55 @@ async fn disabled_endpoint_keeps_deliveries_and_resumes_when_enabled() {
     .await;
 }
 
+/// 5 000 paused deliveries: enabling the endpoint answers at once and they resume in
+/// the background, a bounded step per queue message, each delivered once.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_thousand_paused_deliveries_resume_in_the_background() {
+    const EVENTS: usize = 5_000;
+    let dir = TempDir::new("resume");
+    let server = Server::start_loopback(&dir, &["--api-rate-limit", "100000"]);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/"), "disabled": true, "max_concurrency": 64}))
+        .await;
+    let ep_id = ep["id"].as_str().unwrap();
+    let mut published = 0;
+    while published < EVENTS {
+        let mut set = tokio::task::JoinSet::new();
+        for n in published..(published + 50).min(EVENTS) {
+            let api = acme.clone();
+            set.spawn(async move { api.publish("a.b", json!({ "n": n })).await });
+        }
+        while let Some(done) = set.join_next().await {
+            done.unwrap();
+            published += 1;
+        }
+    }
+    assert_eq!(receiver.count(), 0, "nothing goes to a disabled endpoint");
+    let (status, _) = acme
+        .call(
+            "PATCH",
+            &format!("/v1/endpoints/{ep_id}"),
+            Some(json!({"disabled": false})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    eventually(Duration::from_secs(120), "all 5 000 delivered", || async {
+        (receiver.count() >= EVENTS).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ids: Vec<String> = receiver
+        .got()
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((receiver.count(), ids.len()), (EVENTS, EVENTS), "each once");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_stops_cleanly_and_a_restart_keeps_everything() {
     let dir = TempDir::new("sigterm");

@@ -8,7 +8,7 @@ use entrega_core::endpoint::{
     validate_event_type_patterns, DeliveryMode, Endpoint, DEFAULT_MAX_CONCURRENCY,
     DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY_CAP, MAX_DESCRIPTION_LEN, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
-use entrega_core::handlers::resume::resume_paused;
+use entrega_core::handlers::resume::start_resume;
 use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::ports::StoreError;
 use entrega_core::retry::RetrySpec;
@@ -345,8 +345,10 @@ pub(super) async fn patch_endpoint(
     })
     .await?;
     if before.disabled && !endpoint.disabled {
-        let resumed = resume_paused(&state.services, &endpoint).await?;
-        tracing::info!(resumed, "endpoint re-enabled");
+        // In the background, a bounded step per message: enabling answers at once
+        // however many deliveries wait.
+        start_resume(&state.services, &endpoint).await?;
+        tracing::info!("endpoint re-enabled; its paused deliveries resume");
     }
     Ok(Json(EndpointView::from(&endpoint)))
 }
