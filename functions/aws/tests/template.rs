@@ -293,3 +293,43 @@ fn the_dashboard_body_is_json_with_the_four_views() {
         );
     }
 }
+
+/// The account is protected from Entrega's own load: the worker's concurrency is
+/// reserved and its queue trigger capped to it, the HTTP API is throttled as a whole,
+/// every function's logs expire, and no IAM statement grants `*` as its resource.
+#[test]
+fn the_account_is_protected_and_permissions_are_named() {
+    let resources = template();
+    let worker = &resources["DeliveryWorkerFunction"]["Properties"];
+    let reserved = format!("{:?}", worker["ReservedConcurrentExecutions"]);
+    assert!(reserved.contains("WorkerConcurrency"), "{reserved}");
+    let cap = format!(
+        "{:?}",
+        worker["Events"]["Deliveries"]["Properties"]["ScalingConfig"]["MaximumConcurrency"]
+    );
+    assert!(cap.contains("WorkerConcurrency"), "{cap}");
+    let api = &resources["HttpApi"]["Properties"]["DefaultRouteSettings"];
+    assert!(!api["ThrottlingRateLimit"].is_null() && !api["ThrottlingBurstLimit"].is_null());
+
+    let functions = of_type(&resources, "AWS::Serverless::Function");
+    let logs: Vec<String> = of_type(&resources, "AWS::Logs::LogGroup")
+        .iter()
+        .map(|(_, g)| {
+            assert!(!g["Properties"]["RetentionInDays"].is_null());
+            text(&g["Properties"]["LogGroupName"])
+        })
+        .collect();
+    for (id, _) in &functions {
+        assert!(
+            logs.iter().any(|l| l.contains(&format!("${{{id}}}"))),
+            "{id} has a log group with a retention"
+        );
+    }
+    for (id, f) in &functions {
+        let policies = format!("{:?}", f["Properties"]["Policies"]);
+        assert!(
+            !policies.contains("String(\"*\")"),
+            "{id} grants a `*` resource: {policies}"
+        );
+    }
+}
