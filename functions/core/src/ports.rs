@@ -204,6 +204,13 @@ pub trait FailureStore: Send + Sync {
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>>;
     /// Newest first.
     async fn list_failures(&self, query: &FailureQuery) -> StoreResult<Page<Failure>>;
+    /// Unacknowledged failures, oldest first, a page at a time (the 24-hour rule reads
+    /// only as far as the overdue ones go).
+    async fn oldest_unacknowledged(
+        &self,
+        limit: usize,
+        after: Option<&str>,
+    ) -> StoreResult<Page<Failure>>;
     /// Every failure record of one delivery (one per failed generation), oldest first.
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>>;
     /// Mark analyzed, conditional on the record as read; the failure as stored

@@ -410,3 +410,63 @@ pub async fn counters_count_each_token_once(store: &dyn Store) {
         "the same counter"
     );
 }
+
+/// Unacknowledged failures come oldest first, and an acknowledged one leaves the list.
+pub async fn unacknowledged_failures_come_oldest_first(store: &dyn Store) {
+    let t = tenant(store).await;
+    let base = Utc::now().timestamp_millis() - 10_000;
+    let mut made = Vec::new();
+    for n in 0..3 {
+        let delivery = DeliveryId::generate();
+        let f = Failure {
+            id: FailureId::for_delivery(&delivery, 0, base + n * 1000),
+            tenant_id: t.clone(),
+            delivery_id: delivery,
+            event_id: EventId::generate(),
+            event_type: "a.b".into(),
+            endpoint_id: EndpointId::generate(),
+            reason: FailureReason::Exhausted,
+            payload: String::new(),
+            attempt_times: vec![],
+            last_status_code: None,
+            last_error: None,
+            created_at: Utc::now(),
+            acknowledged_at: None,
+            ack_note: None,
+            acknowledged_by: None,
+        };
+        store.put_failure_if_absent(&f).await.unwrap();
+        made.push(f.id);
+    }
+    let ack = Acknowledgement {
+        note: "seen".into(),
+        by: "admin".into(),
+        at: Utc::now(),
+    };
+    store
+        .acknowledge_failure(&made[1], &ack, Reacknowledge::Replace)
+        .await
+        .unwrap();
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    for _ in 0..1000 {
+        let page = store
+            .oldest_unacknowledged(1, cursor.as_deref())
+            .await
+            .unwrap();
+        assert!(page.data.iter().all(|f| f.acknowledged_at.is_none()));
+        seen.extend(page.data.into_iter().map(|f| f.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "oldest first");
+    let mine: Vec<_> = seen.into_iter().filter(|id| made.contains(id)).collect();
+    assert_eq!(
+        mine,
+        [made[0].clone(), made[2].clone()],
+        "the acknowledged one is gone"
+    );
+}

@@ -44,6 +44,10 @@ impl FailureStore for DynamoStore {
             s(keys::delivery_failures(&failure.delivery_id)),
         );
         item.insert(keys::BY_PARENT.sk.into(), s(failure.id.as_str()));
+        if failure.acknowledged_at.is_none() {
+            item.insert(keys::BY_ENDPOINT.pk.into(), s(keys::UNACKNOWLEDGED));
+            item.insert(keys::BY_ENDPOINT.sk.into(), s(failure.id.as_str()));
+        }
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at());
         match self
             .client
@@ -89,6 +93,47 @@ impl FailureStore for DynamoStore {
         ))
     }
 
+    async fn oldest_unacknowledged(
+        &self,
+        limit: usize,
+        after: Option<&str>,
+    ) -> StoreResult<Page<Failure>> {
+        let condition = if after.is_some() {
+            "#pk = :pk AND #sk > :after"
+        } else {
+            "#pk = :pk"
+        };
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.main_table)
+            .index_name(keys::BY_ENDPOINT.name)
+            .key_condition_expression(condition)
+            .expression_attribute_names("#pk", keys::BY_ENDPOINT.pk)
+            .expression_attribute_values(":pk", s(keys::UNACKNOWLEDGED))
+            .scan_index_forward(true)
+            .limit((limit + 1) as i32);
+        if let Some(after) = after {
+            query = query
+                .expression_attribute_names("#sk", keys::BY_ENDPOINT.sk)
+                .expression_attribute_values(":after", s(after));
+        }
+        let out = query.send().await.map_err(backend)?;
+        // The index lags the table a little: keep only what is still unacknowledged.
+        let data = self
+            .fetch_items(out.items())
+            .await?
+            .iter()
+            .map(from_json::<Failure>)
+            .filter(|f| f.as_ref().is_ok_and(|f| f.acknowledged_at.is_none()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let resume = out
+            .last_evaluated_key()
+            .and_then(|k| get_s(k, keys::BY_ENDPOINT.sk))
+            .map(str::to_owned);
+        Ok(Page::from_rows(data, limit, |f| f.id.to_string(), resume))
+    }
+
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
         let items = self
             .query_partition(
@@ -124,8 +169,11 @@ impl FailureStore for DynamoStore {
                 .table_name(&self.main_table)
                 .set_key(Some(key(failure_pk(id))))
                 .condition_expression("#json = :read")
-                .update_expression("SET #json = :json")
+                // Out of the unacknowledged index, with the acknowledgement.
+                .update_expression("SET #json = :json REMOVE #unpk, #unsk")
                 .expression_attribute_names("#json", "json")
+                .expression_attribute_names("#unpk", keys::BY_ENDPOINT.pk)
+                .expression_attribute_names("#unsk", keys::BY_ENDPOINT.sk)
                 .expression_attribute_values(":json", to_json(&failure))
                 .expression_attribute_values(":read", item["json"].clone())
                 .send()

@@ -138,6 +138,10 @@ pub fn tenant_failures(tenant: &TenantId) -> String {
     format!("TF#{tenant}")
 }
 
+/// [`BY_ENDPOINT`]: every unacknowledged failure, oldest first (the entry is removed
+/// on acknowledgement: a sparse index the 24-hour rule reads only as far as it must).
+pub const UNACKNOWLEDGED: &str = "UNACK";
+
 /// [`BY_ENDPOINT`]: an endpoint's deliveries.
 pub fn endpoint_deliveries(endpoint: &EndpointId) -> String {
     format!("E#{endpoint}")

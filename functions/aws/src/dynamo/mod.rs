@@ -34,6 +34,7 @@
 //! | failure by id, acknowledge | main `FAIL#<id>` | Get; Update conditional on the record read |
 //! | a tenant's / all failures | gsi1 `TF#<tenant>` / gsi3 `ALL_FAIL` | Query + BatchGet |
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |
+//! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //!

@@ -7,7 +7,6 @@ use std::time::Duration;
 use chrono::DurationRound;
 
 use crate::event::format_timestamp;
-use crate::failure::FailureQuery;
 use crate::ports::{Audience, Notice, Services, StoreResult, MAX_PAGE_SIZE};
 
 use super::notices::notify_once;
@@ -24,20 +23,20 @@ const ALERT_CLAIM_TTL: Duration = Duration::from_secs(26 * 3600);
 pub async fn check_unacknowledged(services: &Services) -> StoreResult<Option<Duration>> {
     let now = services.clock.now();
     let limit = services.settings.max_unacknowledged_age;
-    let mut query = FailureQuery {
-        tenant: None,
-        acknowledged: Some(false),
-        limit: MAX_PAGE_SIZE,
-        cursor: None,
-    };
+    let mut cursor: Option<String> = None;
     let mut oldest = None;
-    for _ in 0..MAX_PAGES {
-        let page = services.store.list_failures(&query).await?;
+    // Oldest first: the check stops at the first failure still within its day, so it
+    // reads the overdue ones and one more, however many failures are open.
+    'pages: for _ in 0..MAX_PAGES {
+        let page = services
+            .store
+            .oldest_unacknowledged(MAX_PAGE_SIZE, cursor.as_deref())
+            .await?;
         for failure in &page.data {
             let age = (now - failure.created_at).to_std().unwrap_or_default();
             oldest = Some(oldest.map_or(age, |o: Duration| o.max(age)));
             if age <= limit {
-                continue;
+                break 'pages;
             }
             let day = now
                 .duration_trunc(chrono::TimeDelta::days(1))
@@ -62,8 +61,8 @@ pub async fn check_unacknowledged(services: &Services) -> StoreResult<Option<Dur
             let claim = format!("age-alert#{}#{}", failure.id, day.timestamp());
             notify_once(services, &claim, None, ALERT_CLAIM_TTL, notice).await?;
         }
-        query.cursor = page.next_cursor;
-        if query.cursor.is_none() {
+        cursor = page.next_cursor;
+        if cursor.is_none() {
             break;
         }
     }

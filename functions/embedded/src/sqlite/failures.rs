@@ -60,6 +60,32 @@ impl FailureStore for SqliteStore {
             .await
     }
 
+    async fn oldest_unacknowledged(
+        &self,
+        limit: usize,
+        after: Option<&str>,
+    ) -> StoreResult<Page<Failure>> {
+        let after = after.map(str::to_owned);
+        self.db
+            .call(move |conn| {
+                // The same condition as the partial index `failures_unacknowledged`.
+                let mut stmt = conn.prepare(
+                    "SELECT json FROM failures
+                     WHERE json_extract(json, '$.acknowledged_at') IS NULL
+                       AND (?1 IS NULL OR id > ?1)
+                     ORDER BY id LIMIT ?2",
+                )?;
+                let data = stmt
+                    .query_map(params![after, (limit + 1) as i64], |r| {
+                        r.get::<_, String>(0)
+                    })?
+                    .map(|json| Ok(serde_json::from_str::<Failure>(&json?)?))
+                    .collect::<Result<Vec<_>, DbError>>()?;
+                Ok(Page::from_rows(data, limit, |f| f.id.to_string(), None))
+            })
+            .await
+    }
+
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
         let delivery = delivery.to_string();
         self.db

@@ -256,5 +256,6 @@ mod conformance {
         delivery_lists_page_newest_first(&store).await;
         the_outbox_pages_events_since_a_time(&store).await;
         counters_count_each_token_once(&store).await;
+        unacknowledged_failures_come_oldest_first(&store).await;
     }
 }

@@ -116,6 +116,9 @@ CREATE TABLE IF NOT EXISTS failures (
 );
 CREATE INDEX IF NOT EXISTS failures_by_tenant ON failures (tenant_id, id);
 CREATE INDEX IF NOT EXISTS failures_by_delivery ON failures (json_extract(json, '$.delivery_id'));
+-- Only the unacknowledged ones: the 24-hour rule reads the oldest first.
+CREATE INDEX IF NOT EXISTS failures_unacknowledged ON failures (id)
+    WHERE json_extract(json, '$.acknowledged_at') IS NULL;
 
 -- Answers to requests made with an Idempotency-Key, kept for a day.
 CREATE TABLE IF NOT EXISTS remembered (
