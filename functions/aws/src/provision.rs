@@ -55,7 +55,10 @@ pub struct Spec {
     pub tables: Vec<TableSpec>,
     pub queues: Vec<QueueSpec>,
     pub schedule_group: String,
+    /// Paging: CloudWatch alarms (infrastructure).
     pub alert_topic: String,
+    /// Notification: per-tenant alerts (failure threshold, unacknowledged failures).
+    pub notification_topic: String,
 }
 
 pub fn spec(names: &ResourceNames) -> Spec {
@@ -101,6 +104,7 @@ pub fn spec(names: &ResourceNames) -> Spec {
         ],
         schedule_group: names.schedule_group.clone(),
         alert_topic: names.alert_topic.clone(),
+        notification_topic: names.notification_topic.clone(),
     }
 }
 
@@ -163,12 +167,14 @@ pub async fn provision(sdk: &aws_config::SdkConfig, names: &ResourceNames) -> Re
                 )
             })?;
     }
-    aws_sdk_sns::Client::new(sdk)
-        .create_topic()
-        .name(&spec.alert_topic)
-        .send()
-        .await
-        .map_err(|e| format!("topic: {}", aws_sdk_sns::error::DisplayErrorContext(e)))?;
+    for topic in [&spec.alert_topic, &spec.notification_topic] {
+        aws_sdk_sns::Client::new(sdk)
+            .create_topic()
+            .name(topic)
+            .send()
+            .await
+            .map_err(|e| format!("topic: {}", aws_sdk_sns::error::DisplayErrorContext(e)))?;
+    }
     Ok(spec)
 }
 

@@ -30,7 +30,8 @@ pub struct AwsResources {
     pub outbox_dlq_url: String,
     pub schedule_group: String,
     pub scheduler_role_arn: String,
-    pub alert_topic_arn: String,
+    /// Where per-tenant alerts go (the paging topic takes the CloudWatch alarms).
+    pub notification_topic_arn: String,
     /// The SES-verified sender of owner notices.
     pub notice_from: String,
     pub retention_days: i64,
@@ -49,6 +50,7 @@ pub struct ResourceNames {
     pub outbox_dlq: String,
     pub schedule_group: String,
     pub alert_topic: String,
+    pub notification_topic: String,
     pub scheduler_role: String,
     /// Who owner notices are from (`ENTREGA_NOTICE_FROM` overrides; SES must have it
     /// verified).
@@ -67,6 +69,7 @@ impl ResourceNames {
             outbox_dlq: format!("{prefix}-outbox-dlq"),
             schedule_group: prefix.to_owned(),
             alert_topic: format!("{prefix}-alerts"),
+            notification_topic: format!("{prefix}-notifications"),
             scheduler_role: format!("{prefix}-scheduler"),
             notice_from: std::env::var("ENTREGA_NOTICE_FROM")
                 .unwrap_or_else(|_| format!("{prefix}-notices@example.com")),
@@ -88,7 +91,7 @@ impl AwsResources {
             outbox_dlq_url: var("ENTREGA_OUTBOX_DLQ_URL")?,
             schedule_group: var("ENTREGA_SCHEDULE_GROUP")?,
             scheduler_role_arn: var("ENTREGA_SCHEDULER_ROLE_ARN")?,
-            alert_topic_arn: var("ENTREGA_ALERT_TOPIC_ARN")?,
+            notification_topic_arn: var("ENTREGA_NOTIFICATION_TOPIC_ARN")?,
             notice_from: var("ENTREGA_NOTICE_FROM")?,
             retention_days: std::env::var("ENTREGA_RETENTION_DAYS")
                 .ok()
@@ -141,7 +144,10 @@ impl AwsResources {
             outbox_dlq_url,
             schedule_group: names.schedule_group,
             scheduler_role_arn: format!("arn:aws:iam::{account}:role/{}", names.scheduler_role),
-            alert_topic_arn: format!("arn:aws:sns:{region}:{account}:{}", names.alert_topic),
+            notification_topic_arn: format!(
+                "arn:aws:sns:{region}:{account}:{}",
+                names.notification_topic
+            ),
             notice_from: names.notice_from,
             retention_days: DEFAULT_RETENTION_DAYS,
         })
@@ -265,7 +271,7 @@ pub fn services_on(
         )),
         notifier: Arc::new(AwsNotifier::new(
             clients.sns.clone(),
-            r.alert_topic_arn.clone(),
+            r.notification_topic_arn.clone(),
             clients.ses.clone(),
             r.notice_from.clone(),
         )),

@@ -161,11 +161,27 @@ fn scheduler_topic_and_function_wiring() {
         text(&groups[0].1["Properties"]["Name"]),
         spec.schedule_group
     );
-    let topics = of_type(&resources, "AWS::SNS::Topic");
-    assert_eq!(topics.len(), 1);
+    let mut topics: Vec<String> = of_type(&resources, "AWS::SNS::Topic")
+        .iter()
+        .map(|(_, t)| text(&t["Properties"]["TopicName"]))
+        .collect();
+    topics.sort();
     assert_eq!(
-        text(&topics[0].1["Properties"]["TopicName"]),
-        spec.alert_topic
+        topics,
+        [spec.alert_topic.clone(), spec.notification_topic.clone()],
+        "paging and notification apart"
+    );
+    // The owner notices' sender is required (no made-up default) and checked as an
+    // address; the stack creates its SES identity, which SES asks to confirm.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let sender = &doc["Parameters"]["NoticeFromAddress"];
+    assert!(sender["Default"].is_null(), "NoticeFromAddress is required");
+    assert!(sender["AllowedPattern"].is_string());
+    let identity = of_type(&resources, "AWS::SES::EmailIdentity");
+    assert_eq!(identity.len(), 1);
+    assert!(
+        format!("{:?}", identity[0].1["Properties"]["EmailIdentity"]).contains("NoticeFromAddress")
     );
 
     let functions = of_type(&resources, "AWS::Serverless::Function");

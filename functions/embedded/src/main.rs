@@ -352,8 +352,8 @@ async fn provision_aws(args: &StorageArgs) -> Result<(), BoxError> {
         println!("queue {}", q.name);
     }
     println!(
-        "schedule group {}\ntopic {}",
-        spec.schedule_group, spec.alert_topic
+        "schedule group {}\ntopics {} (paging), {} (notification)",
+        spec.schedule_group, spec.alert_topic, spec.notification_topic
     );
     Ok(())
 }

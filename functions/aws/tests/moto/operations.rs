@@ -31,7 +31,7 @@ async fn failures_are_recorded_alerted_once_through_sns_and_owners_emailed() {
         .await
         .unwrap();
     sns.subscribe()
-        .topic_arn(&stack.resources.alert_topic_arn)
+        .topic_arn(&stack.resources.notification_topic_arn)
         .protocol("sqs")
         .endpoint(&inbox_arn)
         .attributes("RawMessageDelivery", "true")
@@ -117,7 +117,7 @@ async fn failures_are_recorded_alerted_once_through_sns_and_owners_emailed() {
     // …and a sender nobody verified is refused: the call really reaches SES.
     let unverified = AwsNotifier::new(
         sns.clone(),
-        stack.resources.alert_topic_arn.clone(),
+        stack.resources.notification_topic_arn.clone(),
         aws_sdk_sesv2::Client::new(&stack.sdk),
         "nobody@unverified.example".into(),
     );
