@@ -140,7 +140,16 @@ pub trait EventStore: Send + Sync {
         since: DateTime<Utc>,
         cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Page<Event>>;
+    ) -> StoreResult<OutboxPage>;
+}
+
+/// A page of the outbox: the events, how many items could not be read as events
+/// (malformed producer items; they are in the outbox DLQ), and where to go on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxPage {
+    pub events: Vec<Event>,
+    pub malformed: usize,
+    pub next_cursor: Option<String>,
 }
 
 /// Filters of the delivery log.

@@ -389,11 +389,12 @@ async fn replay_aws(prefix: &str, since: chrono::DateTime<chrono::Utc>) -> Resul
     ));
     let services =
         entrega_aws::resources::aws_services(&sdk, &resources, transport, Arc::new(SystemClock));
-    let (mut events, mut deliveries, mut cursor) = (0, 0, None);
+    let (mut events, mut deliveries, mut malformed, mut cursor) = (0, 0, 0, None);
     loop {
         let step = replay_outbox(&services, since, cursor.as_deref()).await?;
         events += step.events;
         deliveries += step.deliveries;
+        malformed += step.malformed;
         eprintln!("replayed {events} event(s), {deliveries} deliveries…");
         match step.next_cursor {
             Some(next) => cursor = Some(next),
@@ -401,6 +402,11 @@ async fn replay_aws(prefix: &str, since: chrono::DateTime<chrono::Utc>) -> Resul
         }
     }
     println!("{events} event(s) since {since} fanned out again: {deliveries} deliveries (existing ones untouched)");
+    if malformed > 0 {
+        println!(
+            "{malformed} outbox item(s) skipped: not events (malformed; the trigger parked each in the outbox DLQ with its reason)"
+        );
+    }
     Ok(())
 }
 

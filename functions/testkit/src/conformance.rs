@@ -377,7 +377,7 @@ pub async fn the_outbox_pages_events_since_a_time(store: &dyn Store) {
             .await
             .unwrap();
         seen.extend(
-            page.data
+            page.events
                 .into_iter()
                 .filter(|e| e.tenant_id == t)
                 .map(|e| e.id),

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
-use entrega_core::ports::{EventStore, Page, Published, StoreResult};
+use entrega_core::ports::{EventStore, OutboxPage, Published, StoreResult};
 
 use super::*;
 use crate::outbox::{event_from_item, outbox_item, outbox_key};
@@ -57,7 +57,7 @@ impl EventStore for DynamoStore {
         since: chrono::DateTime<chrono::Utc>,
         cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Page<Event>> {
+    ) -> StoreResult<OutboxPage> {
         self.scan_outbox(since, cursor, limit).await
     }
 }
@@ -70,7 +70,7 @@ impl DynamoStore {
         since: chrono::DateTime<chrono::Utc>,
         cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Page<Event>> {
+    ) -> StoreResult<OutboxPage> {
         let out = self
             .client
             .scan()
@@ -80,24 +80,27 @@ impl DynamoStore {
             .send()
             .await
             .map_err(backend)?;
-        let mut data = Vec::new();
+        let mut page = OutboxPage::default();
         for item in out.items() {
             match event_from_item(item) {
-                Ok(event) if event.created_at >= since => data.push(event),
+                Ok(event) if event.created_at >= since => page.events.push(event),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    pk = get_s(item, PK).unwrap_or_default(),
-                    error = %e,
-                    "a malformed outbox item is not replayed"
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        pk = get_s(item, PK).unwrap_or_default(),
+                        error = %e,
+                        "a malformed outbox item is not replayed"
+                    );
+                    page.malformed += 1;
+                }
             }
         }
-        Ok(Page {
-            data,
+        Ok(OutboxPage {
             next_cursor: out
                 .last_evaluated_key()
                 .and_then(|k| get_s(k, PK))
                 .map(str::to_owned),
+            ..page
         })
     }
 

@@ -426,27 +426,40 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
         recent.push(e);
     }
 
+    // A producer item that can never be an event: counted, not replayed.
+    aws_sdk_dynamodb::Client::new(&stack.sdk)
+        .put_item()
+        .table_name(&stack.names.outbox_table)
+        .item(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S("no-type".into()),
+        )
+        .item(
+            "tenant_id",
+            aws_sdk_dynamodb::types::AttributeValue::S(tenant.to_string()),
+        )
+        .send()
+        .await
+        .unwrap();
+
     let replay_all = || async {
-        let (mut events, mut cursor) = (0, None::<String>);
+        let (mut events, mut malformed, mut cursor) = (0, 0, None::<String>);
         loop {
             let step = replay_outbox(s, since, cursor.as_deref()).await.unwrap();
             events += step.events;
+            malformed += step.malformed;
             match step.next_cursor {
                 Some(next) => cursor = Some(next),
-                None => return events,
+                None => return (events, malformed),
             }
         }
     };
     assert_eq!(
         replay_all().await,
-        3,
-        "the three recent events, not the old one"
+        (3, 1),
+        "the three recent events, not the old one; the malformed item counted"
     );
-    assert_eq!(
-        replay_all().await,
-        3,
-        "a second replay finds the same three"
-    );
+    assert_eq!(replay_all().await, (3, 1), "a second replay finds the same");
     for e in &recent {
         let made = s.store.deliveries_of_event(&tenant, &e.id).await.unwrap();
         assert_eq!(

@@ -19,6 +19,8 @@ pub struct Replayed {
     pub events: usize,
     /// Their deliveries (found or made).
     pub deliveries: usize,
+    /// Items that are not events (malformed; the trigger parked them in the outbox DLQ).
+    pub malformed: usize,
     /// Where the next step starts; `None`: the outbox is done.
     pub next_cursor: Option<String>,
 }
@@ -35,10 +37,11 @@ pub async fn replay_outbox(
         .outbox_page(since, cursor, REPLAY_PAGE)
         .await?;
     let mut replayed = Replayed {
+        malformed: page.malformed,
         next_cursor: page.next_cursor,
         ..Replayed::default()
     };
-    for event in &page.data {
+    for event in &page.events {
         replayed.deliveries += fan_out(services, event).await?;
         replayed.events += 1;
     }

@@ -4,7 +4,7 @@ use super::{json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
-use entrega_core::ports::{EventStore, Page, Published, StoreResult};
+use entrega_core::ports::{EventStore, OutboxPage, Published, StoreResult};
 use rusqlite::params;
 
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
@@ -74,7 +74,7 @@ impl EventStore for SqliteStore {
         since: chrono::DateTime<chrono::Utc>,
         cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Page<Event>> {
+    ) -> StoreResult<OutboxPage> {
         // The cursor is the outbox sequence number: storage order, never reused.
         let after: i64 = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
         let limit = limit.clamp(1, 1000);
@@ -90,14 +90,19 @@ impl EventStore for SqliteStore {
                 let next_cursor = (rows.len() == limit)
                     .then(|| rows.last().map(|(seq, _)| seq.to_string()))
                     .flatten();
-                let mut data = Vec::new();
+                // Rows are events the API validated: nothing here is malformed.
+                let mut events = Vec::new();
                 for (_, json) in rows {
                     let event: Event = serde_json::from_str(&json)?;
                     if event.created_at >= since {
-                        data.push(event);
+                        events.push(event);
                     }
                 }
-                Ok(Page { data, next_cursor })
+                Ok(OutboxPage {
+                    events,
+                    malformed: 0,
+                    next_cursor,
+                })
             })
             .await
     }
