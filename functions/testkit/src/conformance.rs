@@ -11,6 +11,41 @@ use entrega_core::ids::{AttemptId, DeliveryId, EndpointId, EventId, FailureId, T
 use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
+/// Every promise below, in turn, on one store: what each adapter's suite runs.
+pub async fn every_promise(store: &dyn Store) {
+    endpoint_config_and_health_are_versioned_apart(store).await;
+    event_ids_are_scoped_to_their_tenant(store).await;
+    deliveries_are_created_once_and_attempts_append(store).await;
+    remembered_keys_can_be_forgotten(store).await;
+    tenants_list_newest_first_in_pages(store).await;
+    failures_are_found_by_delivery_and_acknowledged(store).await;
+    delivery_lists_page_newest_first(store).await;
+    the_outbox_pages_events_since_a_time(store).await;
+    counters_count_each_token_once(store).await;
+    unacknowledged_failures_come_oldest_first(store).await;
+}
+
+/// An exhausted delivery's failure record, failed at `failed_ms`.
+fn failure(tenant: &TenantId, delivery: &DeliveryId, generation: u32, failed_ms: i64) -> Failure {
+    Failure {
+        id: FailureId::for_delivery(delivery, generation, failed_ms),
+        tenant_id: tenant.clone(),
+        delivery_id: delivery.clone(),
+        event_id: EventId::generate(),
+        event_type: "a.b".into(),
+        endpoint_id: EndpointId::generate(),
+        reason: FailureReason::Exhausted,
+        payload: String::new(),
+        attempt_times: vec![Utc::now()],
+        last_status_code: Some(500),
+        last_error: Some("HTTP 500".into()),
+        created_at: Utc::now(),
+        acknowledged_at: None,
+        ack_note: None,
+        acknowledged_by: None,
+    }
+}
+
 async fn tenant(store: &dyn Store) -> TenantId {
     let tenant = Tenant {
         id: TenantId::generate(),
@@ -204,25 +239,12 @@ pub async fn tenants_list_newest_first_in_pages(store: &dyn Store) {
 pub async fn failures_are_found_by_delivery_and_acknowledged(store: &dyn Store) {
     let t = tenant(store).await;
     let (delivery, other) = (DeliveryId::generate(), DeliveryId::generate());
-    let failure = |delivery: &DeliveryId, generation: u32| Failure {
-        id: FailureId::for_delivery(delivery, generation, Utc::now().timestamp_millis()),
-        tenant_id: t.clone(),
-        delivery_id: delivery.clone(),
-        event_id: EventId::generate(),
-        event_type: "a.b".into(),
-        endpoint_id: EndpointId::generate(),
-        reason: FailureReason::Exhausted,
-        payload: String::new(),
-        attempt_times: vec![Utc::now()],
-        last_status_code: Some(500),
-        last_error: Some("HTTP 500".into()),
-        created_at: Utc::now(),
-        acknowledged_at: None,
-        ack_note: None,
-        acknowledged_by: None,
-    };
-    let (first, second) = (failure(&delivery, 0), failure(&delivery, 1));
-    for f in [&first, &second, &failure(&other, 0)] {
+    let now = Utc::now().timestamp_millis();
+    let (first, second) = (
+        failure(&t, &delivery, 0, now),
+        failure(&t, &delivery, 1, now),
+    );
+    for f in [&first, &second, &failure(&t, &other, 0, now)] {
         assert!(store.put_failure_if_absent(f).await.unwrap());
     }
     let mut found: Vec<_> = store
@@ -418,23 +440,7 @@ pub async fn unacknowledged_failures_come_oldest_first(store: &dyn Store) {
     let mut made = Vec::new();
     for n in 0..3 {
         let delivery = DeliveryId::generate();
-        let f = Failure {
-            id: FailureId::for_delivery(&delivery, 0, base + n * 1000),
-            tenant_id: t.clone(),
-            delivery_id: delivery,
-            event_id: EventId::generate(),
-            event_type: "a.b".into(),
-            endpoint_id: EndpointId::generate(),
-            reason: FailureReason::Exhausted,
-            payload: String::new(),
-            attempt_times: vec![],
-            last_status_code: None,
-            last_error: None,
-            created_at: Utc::now(),
-            acknowledged_at: None,
-            ack_note: None,
-            acknowledged_by: None,
-        };
+        let f = failure(&t, &delivery, 0, base + n * 1000);
         store.put_failure_if_absent(&f).await.unwrap();
         made.push(f.id);
     }

@@ -154,6 +154,19 @@ impl Receiver {
     pub fn count(&self) -> usize {
         self.state.lock().unwrap().got.len()
     }
+
+    /// The distinct `webhook-id`s received, sorted: as many as `count()` when nothing
+    /// arrived twice.
+    pub fn distinct_webhook_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .got()
+            .iter()
+            .map(|r| r.header("webhook-id").to_owned())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
 }
 
 /// Poll `check` until it returns `Some`, or panic after `limit`.

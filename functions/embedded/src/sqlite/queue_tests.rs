@@ -247,15 +247,6 @@ mod conformance {
     #[tokio::test]
     async fn sqlite_store_conforms() {
         let (_dir, store) = store().await;
-        endpoint_config_and_health_are_versioned_apart(&store).await;
-        event_ids_are_scoped_to_their_tenant(&store).await;
-        deliveries_are_created_once_and_attempts_append(&store).await;
-        remembered_keys_can_be_forgotten(&store).await;
-        tenants_list_newest_first_in_pages(&store).await;
-        failures_are_found_by_delivery_and_acknowledged(&store).await;
-        delivery_lists_page_newest_first(&store).await;
-        the_outbox_pages_events_since_a_time(&store).await;
-        counters_count_each_token_once(&store).await;
-        unacknowledged_failures_come_oldest_first(&store).await;
+        every_promise(&store).await;
     }
 }

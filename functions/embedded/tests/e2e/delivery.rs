@@ -162,14 +162,7 @@ async fn disabled_endpoint_keeps_deliveries_and_resumes_when_enabled() {
         let d = acme.deliveries_of(id).await;
         assert_eq!(d[0]["status"], "pending", "kept, not lost");
     }
-    let (status, _) = acme
-        .call(
-            "PATCH",
-            &format!("/v1/endpoints/{ep_id}"),
-            Some(json!({"disabled": false})),
-        )
-        .await;
-    assert_eq!(status, 200);
+    acme.enable_endpoint(ep_id).await;
     eventually(Duration::from_secs(5), "both resumed", || async {
         (receiver.count() == 2).then_some(())
     })
@@ -202,27 +195,17 @@ async fn five_thousand_paused_deliveries_resume_in_the_background() {
         }
     }
     assert_eq!(receiver.count(), 0, "nothing goes to a disabled endpoint");
-    let (status, _) = acme
-        .call(
-            "PATCH",
-            &format!("/v1/endpoints/{ep_id}"),
-            Some(json!({"disabled": false})),
-        )
-        .await;
-    assert_eq!(status, 200);
+    acme.enable_endpoint(ep_id).await;
     eventually(Duration::from_secs(120), "all 5 000 delivered", || async {
         (receiver.count() >= EVENTS).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut ids: Vec<String> = receiver
-        .got()
-        .iter()
-        .map(|r| r.header("webhook-id").to_owned())
-        .collect();
-    ids.sort();
-    ids.dedup();
-    assert_eq!((receiver.count(), ids.len()), (EVENTS, EVENTS), "each once");
+    assert_eq!(
+        (receiver.count(), receiver.distinct_webhook_ids().len()),
+        (EVENTS, EVENTS),
+        "each once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -228,6 +228,18 @@ impl Api {
         body["id"].as_str().unwrap().to_owned()
     }
 
+    /// Re-enable an endpoint (`PATCH` with `disabled: false`); the API must accept it.
+    pub async fn enable_endpoint(&self, id: &str) {
+        let (status, body) = self
+            .call(
+                "PATCH",
+                &format!("/v1/endpoints/{id}"),
+                Some(json!({"disabled": false})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
     /// The deliveries of an event, from `GET /v1/events/{id}`.
     pub async fn deliveries_of(&self, event_id: &str) -> Vec<Value> {
         let (status, body) = self.get(&format!("/v1/events/{event_id}")).await;

@@ -196,14 +196,7 @@ async fn a_410_disables_the_endpoint_and_keeps_its_deliveries_for_re_enabling() 
         "a 410 is not a failure"
     );
 
-    let (status, _) = acme
-        .call(
-            "PATCH",
-            &format!("/v1/endpoints/{ep_id}"),
-            Some(json!({"disabled": false})),
-        )
-        .await;
-    assert_eq!(status, 200);
+    acme.enable_endpoint(ep_id).await;
     eventually(Duration::from_secs(10), "both delivered", || async {
         (receiver.count() == 3).then_some(())
     })
