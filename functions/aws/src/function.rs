@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use entrega_core::ports::{Services, Settings, SystemClock, Transport};
 
-use crate::resources::{aws_services, sdk_config, AwsResources};
+use crate::resources::{sdk_config, services_on, AwsClients, AwsResources};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -23,12 +23,29 @@ pub fn init_logs() {
 
 /// Logs initialised and the services built from the environment.
 pub async fn cold_start(transport: Arc<dyn Transport>) -> Result<Services, BoxError> {
+    Ok(start(transport).await?.0)
+}
+
+/// The outbox trigger's cold start: its services, and its quarantine (the outbox DLQ)
+/// on the same SQS client, from the same one reading of the environment.
+pub async fn outbox_trigger_start(
+    transport: Arc<dyn Transport>,
+) -> Result<(Services, crate::sqs::SqsQueue), BoxError> {
+    let (services, clients, resources) = start(transport).await?;
+    let quarantine = crate::sqs::SqsQueue::new(clients.sqs, resources.outbox_dlq_url);
+    Ok((services, quarantine))
+}
+
+/// What every function builds once: logs, the SDK configuration, the clients.
+async fn start(
+    transport: Arc<dyn Transport>,
+) -> Result<(Services, AwsClients, AwsResources), BoxError> {
     init_logs();
     let resources = AwsResources::from_env()?;
-    let sdk = sdk_config().await;
-    let mut services = aws_services(&sdk, &resources, transport, Arc::new(SystemClock));
+    let clients = AwsClients::new(&sdk_config().await);
+    let mut services = services_on(&clients, &resources, transport, Arc::new(SystemClock));
     services.settings = settings_from_env();
-    Ok(services)
+    Ok((services, clients, resources))
 }
 
 /// The operator's settings from the environment (the template's parameters).
@@ -42,13 +59,4 @@ pub fn settings_from_env() -> Settings {
             .unwrap_or(defaults.unhealthy_after),
         ..defaults
     }
-}
-
-/// The outbox trigger's quarantine: its DLQ, from the environment.
-pub async fn outbox_quarantine() -> Result<crate::sqs::SqsQueue, BoxError> {
-    let resources = AwsResources::from_env()?;
-    Ok(crate::sqs::SqsQueue::new(
-        aws_sdk_sqs::Client::new(&sdk_config().await),
-        resources.outbox_dlq_url,
-    ))
 }

@@ -20,3 +20,4 @@ pub mod retry_after;
 pub mod signature;
 pub mod state_machine;
 pub mod tenant;
+pub mod text;

@@ -94,15 +94,9 @@ enum OutboxCommand {
         storage: StorageArgs,
         /// Replay events created at or after this time (RFC 3339), e.g.
         /// 2026-11-29T00:00:00Z.
-        #[arg(long, value_parser = parse_since)]
+        #[arg(long, value_parser = cli::parse_time)]
         since: chrono::DateTime<chrono::Utc>,
     },
-}
-
-fn parse_since(raw: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    chrono::DateTime::parse_from_rfc3339(raw)
-        .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|e| format!("{e}: expected an RFC 3339 time, e.g. 2026-11-29T00:00:00Z"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -9,8 +9,7 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let transport = Arc::new(HttpTransport::new(TargetPolicy::from_env()?));
-    let services = entrega_aws::function::cold_start(transport).await?;
-    let quarantine = entrega_aws::function::outbox_quarantine().await?;
+    let (services, quarantine) = entrega_aws::function::outbox_trigger_start(transport).await?;
     run(service_fn(|event: LambdaEvent<Event>| async {
         let records = outbox_records(event.payload);
         Ok::<_, Error>(outbox_batch(&services, &quarantine, records).await)

@@ -122,11 +122,7 @@ impl Meter {
             .unwrap_or_default();
         let mut shadows = self.shadows.lock().unwrap();
         let old = shadows.get(&key).cloned();
-        let new_item: Option<Item> = match kind {
-            Kind::Delete => None,
-            Kind::Put => Some(item.clone()),
-            Kind::Update => Some(item.clone()),
-        };
+        let new_item: Option<&Item> = (kind != Kind::Delete).then_some(item);
         let new_size = match (kind, &old) {
             (Kind::Delete, _) => 0,
             (Kind::Update, Some(o)) => o.size.max(item_size(item)),

@@ -7,12 +7,6 @@ use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
 
 use super::*;
 
-/// Endpoints are few (one per customer URL), so one partition of [`keys::BY_KIND`]
-/// holds them all for the admin's listing.
-fn endpoint_pk(id: &EndpointId) -> String {
-    keys::endpoint(id)
-}
-
 /// Configuration and health live in one item under separate versions: a health write
 /// (`SET health`) never touches the configuration a client changed, and vice versa.
 const HEALTH: &str = "health";
@@ -20,7 +14,7 @@ const HEALTH_VERSION: &str = "health_version";
 const VERSION: &str = "version";
 
 fn item(endpoint: &Endpoint) -> Item {
-    let mut item = key(endpoint_pk(&endpoint.id));
+    let mut item = key(keys::endpoint(&endpoint.id));
     item.insert("json".into(), to_json(endpoint));
     item.insert(VERSION.into(), n(endpoint.version));
     item.insert(HEALTH.into(), to_json(&endpoint.health));
@@ -31,6 +25,8 @@ fn item(endpoint: &Endpoint) -> Item {
         s(keys::tenant_endpoints(&endpoint.tenant_id)),
     );
     item.insert(keys::BY_TENANT.sk.into(), s(endpoint.id.as_str()));
+    // Endpoints are few (one per customer URL): one partition holds them all for the
+    // admin's listing.
     item.insert(keys::BY_KIND.pk.into(), s(keys::ALL_ENDPOINTS));
     item.insert(keys::BY_KIND.sk.into(), s(endpoint.id.as_str()));
     item
@@ -93,7 +89,7 @@ impl EndpointStore for DynamoStore {
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
-        self.get_main(endpoint_pk(id))
+        self.get_main(keys::endpoint(id))
             .await?
             .as_ref()
             .map(decode)
@@ -106,7 +102,7 @@ impl EndpointStore for DynamoStore {
         self.client
             .update_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(endpoint_pk(&endpoint.id))))
+            .set_key(Some(key(keys::endpoint(&endpoint.id))))
             .update_expression("SET #json = :json, #ver = :next")
             .condition_expression(version_condition(endpoint.version))
             .expression_attribute_names("#json", "json")
@@ -139,7 +135,7 @@ impl EndpointStore for DynamoStore {
         self.client
             .update_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(endpoint_pk(id))))
+            .set_key(Some(key(keys::endpoint(id))))
             .update_expression("SET #health = :health, #ver = :next")
             .condition_expression(version_condition(health.version))
             .expression_attribute_names("#health", HEALTH)
@@ -163,7 +159,7 @@ impl EndpointStore for DynamoStore {
         self.client
             .delete_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(endpoint_pk(id))))
+            .set_key(Some(key(keys::endpoint(id))))
             .send()
             .await
             .map_err(backend)?;
@@ -180,21 +176,10 @@ impl EndpointStore for DynamoStore {
             Some(t) => Self::tenant_endpoints_partition(t),
             None => Partition::new(keys::BY_KIND, keys::ALL_ENDPOINTS),
         };
-        let mut pages = 0;
-        let found = self
-            .collect_desc(&part, cursor, limit + 1, &|_| true, &mut pages)
-            .await?;
-        let data = found
-            .items
-            .iter()
-            .map(|(_, item)| decode(item))
-            .collect::<Result<Vec<Endpoint>, _>>()?;
-        Ok(Page::from_rows(
-            data,
-            limit,
-            |e| e.id.to_string(),
-            found.more.then_some(found.last_seen).flatten(),
-        ))
+        self.page_of(&part, cursor, limit, &|_| true, decode, |e: &Endpoint| {
+            e.id.to_string()
+        })
+        .await
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {

@@ -52,20 +52,9 @@ impl EventStore for DynamoStore {
             .filter(|e| &e.tenant_id == tenant))
     }
 
-    async fn outbox_page(
-        &self,
-        since: chrono::DateTime<chrono::Utc>,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<OutboxPage> {
-        self.scan_outbox(since, cursor, limit).await
-    }
-}
-
-impl DynamoStore {
     /// The outbox scanned in pages (a replay walks it once; it holds the retention's
     /// events, and a page is bounded).
-    pub(crate) async fn scan_outbox(
+    async fn outbox_page(
         &self,
         since: chrono::DateTime<chrono::Utc>,
         cursor: Option<&str>,
@@ -103,7 +92,9 @@ impl DynamoStore {
             ..page
         })
     }
+}
 
+impl DynamoStore {
     async fn outbox_get(&self, pk: String) -> StoreResult<Option<Event>> {
         let out = self
             .client

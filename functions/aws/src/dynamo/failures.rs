@@ -13,10 +13,6 @@ use super::*;
 /// Reads and conditional writes an acknowledgement tries before reporting a conflict.
 const ACK_TRIES: usize = 3;
 
-fn failure_pk(id: &FailureId) -> String {
-    keys::failure(id)
-}
-
 #[async_trait]
 impl FailureStore for DynamoStore {
     async fn put_failure_if_absent(&self, failure: &Failure) -> StoreResult<bool> {
@@ -27,7 +23,7 @@ impl FailureStore for DynamoStore {
             payload: String::new(),
             ..failure.clone()
         };
-        let mut item = key(failure_pk(&failure.id));
+        let mut item = key(keys::failure(&failure.id));
         item.insert("json".into(), to_json(&stored));
         // Every failure is in the admin's list, one partition of [`keys::BY_KIND`]:
         // failures are the rare case by design (a partition per day is the step if
@@ -74,23 +70,17 @@ impl FailureStore for DynamoStore {
             (Some(want), Ok(f)) => f.acknowledged_at.is_some() == want,
             (Some(_), Err(_)) => false,
         };
-        let mut pages = 0;
-        let found = self
-            .collect_desc(&part, q.cursor.as_deref(), q.limit + 1, &keep, &mut pages)
-            .await?;
         // No payloads in a list (the API shows them one failure at a time): a page is
         // one batch read, not one more read per row.
-        let data = found
-            .items
-            .iter()
-            .map(|(_, item)| from_json::<Failure>(item))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Page::from_rows(
-            data,
+        self.page_of(
+            &part,
+            q.cursor.as_deref(),
             q.limit,
-            |f| f.id.to_string(),
-            found.more.then_some(found.last_seen).flatten(),
-        ))
+            &keep,
+            from_json,
+            |f: &Failure| f.id.to_string(),
+        )
+        .await
     }
 
     async fn oldest_unacknowledged(
@@ -152,7 +142,7 @@ impl FailureStore for DynamoStore {
         again: Reacknowledge,
     ) -> StoreResult<Option<Failure>> {
         for _ in 0..ACK_TRIES {
-            let item = self.get_main(failure_pk(id)).await?;
+            let item = self.get_main(keys::failure(id)).await?;
             let Some(item) = item.as_ref() else {
                 return Ok(None);
             };
@@ -167,7 +157,7 @@ impl FailureStore for DynamoStore {
                 .client
                 .update_item()
                 .table_name(&self.main_table)
-                .set_key(Some(key(failure_pk(id))))
+                .set_key(Some(key(keys::failure(id))))
                 .condition_expression("#json = :read")
                 // Out of the unacknowledged index, with the acknowledgement.
                 .update_expression("SET #json = :json REMOVE #unpk, #unsk")
@@ -190,7 +180,7 @@ impl FailureStore for DynamoStore {
     }
 
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
-        let item = self.get_main(failure_pk(id)).await?;
+        let item = self.get_main(keys::failure(id)).await?;
         let Some(item) = item.as_ref() else {
             return Ok(None);
         };

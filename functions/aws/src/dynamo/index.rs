@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use entrega_core::ports::StoreError;
+use entrega_core::ports::{Page, StoreError};
 
 use super::*;
 
@@ -112,6 +112,34 @@ impl DynamoStore {
             more: overflow || bound.is_some(),
             items,
         })
+    }
+
+    /// One page of a listing: up to `limit` items of `part` below `cursor` that pass
+    /// `keep`, decoded, with the cursor to go on from.
+    pub(crate) async fn page_of<T>(
+        &self,
+        part: &Partition,
+        cursor: Option<&str>,
+        limit: usize,
+        keep: &(dyn Fn(&Item) -> bool + Sync),
+        decode: impl Fn(&Item) -> Result<T, StoreError>,
+        id: impl Fn(&T) -> String,
+    ) -> Result<Page<T>, StoreError> {
+        let mut pages = 0;
+        let found = self
+            .collect_desc(part, cursor, limit + 1, keep, &mut pages)
+            .await?;
+        let data = found
+            .items
+            .iter()
+            .map(|(_, item)| decode(item))
+            .collect::<Result<Vec<T>, _>>()?;
+        Ok(Page::from_rows(
+            data,
+            limit,
+            id,
+            found.more.then_some(found.last_seen).flatten(),
+        ))
     }
 
     async fn collect_shard(

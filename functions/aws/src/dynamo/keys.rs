@@ -161,21 +161,22 @@ pub const ALL_TENANTS: &str = "ALL_TEN";
 pub const ALL_ENDPOINTS: &str = "ALL_EP";
 pub const ALL_FAILURES: &str = "ALL_FAIL";
 
+/// The prefix and date form of a day partition.
+const DAY_PREFIX: &str = "D#";
+const DAY_FORMAT: &str = "%Y-%m-%d";
+
 /// [`BY_KIND`]: the deliveries created on the day of `id_ms` (the admin's log).
 pub fn day(id_ms: i64) -> String {
-    Utc.timestamp_millis_opt(id_ms)
-        .single()
-        .unwrap_or_default()
-        .format("D#%Y-%m-%d")
-        .to_string()
+    let date = Utc.timestamp_millis_opt(id_ms).single().unwrap_or_default();
+    format!("{DAY_PREFIX}{}", date.format(DAY_FORMAT))
 }
 
 /// A cursor below every delivery id of the day partition `day_pk` (from [`day`]):
 /// the day's first millisecond with the lowest possible random part.
 pub fn day_floor(day_pk: &str) -> String {
     let start = day_pk
-        .strip_prefix("D#")
-        .and_then(|d| chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
+        .strip_prefix(DAY_PREFIX)
+        .and_then(|d| chrono::NaiveDate::parse_from_str(d, DAY_FORMAT).ok())
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .map_or(0, |t| t.and_utc().timestamp_millis());
     format!("{}{start:012x}{}", DeliveryId::PREFIX, "0".repeat(20))

@@ -10,16 +10,8 @@ use super::*;
 
 use keys::ADMIN_MARKER;
 
-fn tenant_pk(id: &TenantId) -> String {
-    keys::tenant(id)
-}
-
-fn key_pk(hash: &str) -> String {
-    keys::api_key(hash)
-}
-
 fn key_item(hash: &str, principal: &Principal) -> Item {
-    let mut item = key(key_pk(hash));
+    let mut item = key(keys::api_key(hash));
     item.insert("principal".into(), to_json(principal));
     item
 }
@@ -27,7 +19,7 @@ fn key_item(hash: &str, principal: &Principal) -> Item {
 #[async_trait]
 impl TenantStore for DynamoStore {
     async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
-        let mut item = key(tenant_pk(&tenant.id));
+        let mut item = key(keys::tenant(&tenant.id));
         item.insert("json".into(), to_json(tenant));
         // Tenants are few and made by hand: one partition of the admin's index holds
         // them all.
@@ -65,7 +57,7 @@ impl TenantStore for DynamoStore {
     }
 
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
-        self.get_main(tenant_pk(id))
+        self.get_main(keys::tenant(id))
             .await?
             .as_ref()
             .map(from_json)
@@ -74,21 +66,10 @@ impl TenantStore for DynamoStore {
 
     async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
         let part = Partition::new(keys::BY_KIND, keys::ALL_TENANTS);
-        let mut pages = 0;
-        let found = self
-            .collect_desc(&part, cursor, limit + 1, &|_| true, &mut pages)
-            .await?;
-        let data = found
-            .items
-            .iter()
-            .map(|(_, item)| from_json(item))
-            .collect::<Result<Vec<Tenant>, _>>()?;
-        Ok(Page::from_rows(
-            data,
-            limit,
-            |t| t.id.to_string(),
-            found.more.then_some(found.last_seen).flatten(),
-        ))
+        self.page_of(&part, cursor, limit, &|_| true, from_json, |t: &Tenant| {
+            t.id.to_string()
+        })
+        .await
     }
 
     async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {
@@ -117,7 +98,7 @@ impl TenantStore for DynamoStore {
     }
 
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
-        let item = self.get_main(key_pk(api_key_hash)).await?;
+        let item = self.get_main(keys::api_key(api_key_hash)).await?;
         let Some(item) = item.as_ref() else {
             return Ok(None);
         };

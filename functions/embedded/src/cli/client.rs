@@ -141,7 +141,7 @@ pub fn cell(v: &Value) -> String {
     };
     text.chars()
         .map(|c| {
-            if c.is_control() || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}') {
+            if entrega_core::text::is_hidden_or_control(c) {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()

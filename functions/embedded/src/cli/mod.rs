@@ -39,6 +39,27 @@ pub struct ApiArgs {
     pub output: Output,
 }
 
+/// The paging flags of every list.
+#[derive(clap::Args)]
+pub struct PageArgs {
+    /// Rows per page, 1 to 200.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Continue where the previous page ended (the `--cursor …` it printed).
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+impl PageArgs {
+    /// As query parameters.
+    pub fn params(self) -> [(&'static str, Option<String>); 2] {
+        [
+            ("limit", Some(self.limit.to_string())),
+            ("cursor", self.cursor),
+        ]
+    }
+}
+
 #[derive(Subcommand)]
 pub enum DeliveriesCommand {
     /// The delivery log, newest first.
@@ -58,12 +79,8 @@ pub enum DeliveriesCommand {
         /// Created before this time (RFC 3339), e.g. 2026-11-30T00:00:00Z.
         #[arg(long, value_parser = parse_time)]
         until: Option<DateTime<Utc>>,
-        /// Rows per page, 1 to 200.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Continue where the previous page ended (the `--cursor …` it printed).
-        #[arg(long)]
-        cursor: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One delivery with every attempt.
     Show {
@@ -101,12 +118,8 @@ pub enum FailuresCommand {
         /// Only acknowledged (true) or only unacknowledged (false) ones.
         #[arg(long)]
         acknowledged: Option<bool>,
-        /// Rows per page, 1 to 200.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Continue where the previous page ended (the `--cursor …` it printed).
-        #[arg(long)]
-        cursor: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Mark a failure analyzed.
     Ack {
@@ -128,12 +141,8 @@ pub enum FailuresCommand {
 pub enum EndpointsCommand {
     /// Endpoints, newest first.
     List {
-        /// Rows per page, 1 to 200.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Continue where the previous page ended (the `--cursor …` it printed).
-        #[arg(long)]
-        cursor: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One endpoint, secret included.
     Show {
@@ -158,7 +167,7 @@ pub enum EndpointsCommand {
 }
 
 /// A time flag: RFC 3339, and an error that shows the form.
-fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(raw)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| format!("{e}: expected an RFC 3339 time, e.g. 2026-11-29T00:00:00Z"))
@@ -245,18 +254,20 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
             event_type,
             since,
             until,
-            limit,
-            cursor,
+            page,
         } => {
-            let q = query(&[
-                ("endpoint_id", endpoint),
-                ("status", status),
-                ("event_type", event_type),
-                ("since", since.map(|t| t.to_rfc3339())),
-                ("until", until.map(|t| t.to_rfc3339())),
-                ("limit", Some(limit.to_string())),
-                ("cursor", cursor),
-            ]);
+            let q = query(
+                &[
+                    ("endpoint_id", endpoint),
+                    ("status", status),
+                    ("event_type", event_type),
+                    ("since", since.map(|t| t.to_rfc3339())),
+                    ("until", until.map(|t| t.to_rfc3339())),
+                ]
+                .into_iter()
+                .chain(page.params())
+                .collect::<Vec<_>>(),
+            );
             let page = api.get(&format!("/v1/deliveries{q}")).await?;
             print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
         }
@@ -373,16 +384,13 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
         ],
     );
     match command {
-        FailuresCommand::List {
-            acknowledged,
-            limit,
-            cursor,
-        } => {
-            let q = query(&[
-                ("acknowledged", acknowledged.map(|a| a.to_string())),
-                ("limit", Some(limit.to_string())),
-                ("cursor", cursor),
-            ]);
+        FailuresCommand::List { acknowledged, page } => {
+            let q = query(
+                &[("acknowledged", acknowledged.map(|a| a.to_string()))]
+                    .into_iter()
+                    .chain(page.params())
+                    .collect::<Vec<_>>(),
+            );
             print(
                 args,
                 &api.get(&format!("/v1/failures{q}")).await?,
@@ -431,8 +439,8 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
         }
     };
     match command {
-        EndpointsCommand::List { limit, cursor } => {
-            let q = query(&[("limit", Some(limit.to_string())), ("cursor", cursor)]);
+        EndpointsCommand::List { page } => {
+            let q = query(&page.params());
             print(
                 args,
                 &api.get(&format!("/v1/endpoints{q}")).await?,

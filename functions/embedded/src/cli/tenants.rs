@@ -5,7 +5,7 @@ use clap::Subcommand;
 use serde_json::{json, Value};
 
 use super::client::{query, segment, CliError};
-use super::{client, print, ApiArgs, Output};
+use super::{client, print, ApiArgs, Output, PageArgs};
 
 #[derive(Subcommand)]
 pub enum TenantsCommand {
@@ -23,12 +23,8 @@ pub enum TenantsCommand {
     },
     /// Tenants, newest first (admin key).
     List {
-        /// Rows per page, 1 to 200.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Continue where the previous page ended (the `--cursor …` it printed).
-        #[arg(long)]
-        cursor: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One tenant (admin key, or that tenant's own key).
     Show {
@@ -63,8 +59,8 @@ pub async fn tenants(args: &ApiArgs, command: TenantsCommand) -> Result<(), CliE
                 );
             }
         }
-        TenantsCommand::List { limit, cursor } => {
-            let q = query(&[("limit", Some(limit.to_string())), ("cursor", cursor)]);
+        TenantsCommand::List { page } => {
+            let q = query(&page.params());
             print(
                 args,
                 &api.get(&format!("/v1/tenants{q}")).await?,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{json_row, DbError, SqliteStore};
+use super::{json_row, json_rows, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
 use entrega_core::ids::{DeliveryId, FailureId};
@@ -34,27 +34,19 @@ impl FailureStore for SqliteStore {
         let q = q.clone();
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
+                let data: Vec<Failure> = json_rows(
+                    conn,
                     "SELECT json FROM failures
                      WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR id < ?2)
                        AND (?3 IS NULL OR (json_extract(json, '$.acknowledged_at') IS NOT NULL) = ?3)
                      ORDER BY id DESC LIMIT ?4",
+                    params![
+                        q.tenant.as_ref().map(|t| t.to_string()),
+                        q.cursor,
+                        q.acknowledged,
+                        (q.limit + 1) as i64
+                    ],
                 )?;
-                let rows = stmt
-                    .query_map(
-                        params![
-                            q.tenant.as_ref().map(|t| t.to_string()),
-                            q.cursor,
-                            q.acknowledged,
-                            (q.limit + 1) as i64
-                        ],
-                        |r| r.get::<_, String>(0),
-                    )?
-                    .collect::<Result<Vec<_>, _>>()?;
-                let data = rows
-                    .iter()
-                    .map(|j| serde_json::from_str::<Failure>(j))
-                    .collect::<Result<Vec<_>, _>>()?;
                 Ok(Page::from_rows(data, q.limit, |f| f.id.to_string(), None))
             })
             .await
@@ -69,18 +61,14 @@ impl FailureStore for SqliteStore {
         self.db
             .call(move |conn| {
                 // The same condition as the partial index `failures_unacknowledged`.
-                let mut stmt = conn.prepare(
+                let data: Vec<Failure> = json_rows(
+                    conn,
                     "SELECT json FROM failures
                      WHERE json_extract(json, '$.acknowledged_at') IS NULL
                        AND (?1 IS NULL OR id > ?1)
                      ORDER BY id LIMIT ?2",
+                    params![after, (limit + 1) as i64],
                 )?;
-                let data = stmt
-                    .query_map(params![after, (limit + 1) as i64], |r| {
-                        r.get::<_, String>(0)
-                    })?
-                    .map(|json| Ok(serde_json::from_str::<Failure>(&json?)?))
-                    .collect::<Result<Vec<_>, DbError>>()?;
                 Ok(Page::from_rows(data, limit, |f| f.id.to_string(), None))
             })
             .await
@@ -91,17 +79,12 @@ impl FailureStore for SqliteStore {
         self.db
             .call(move |conn| {
                 // The same expression as the `failures_by_delivery` index, so it is used.
-                let mut stmt = conn.prepare(
+                json_rows(
+                    conn,
                     "SELECT json FROM failures WHERE json_extract(json, '$.delivery_id') = ?1
                      ORDER BY id LIMIT ?2",
-                )?;
-                let rows = stmt
-                    .query_map(params![delivery, MAX_FAILURES_PER_DELIVERY], |r| {
-                        r.get::<_, String>(0)
-                    })?
-                    .map(|json| Ok(serde_json::from_str::<Failure>(&json?)?))
-                    .collect::<Result<Vec<_>, DbError>>()?;
-                Ok(rows)
+                    params![delivery, MAX_FAILURES_PER_DELIVERY],
+                )
             })
             .await
     }

@@ -1,6 +1,6 @@
 //! Tenants and API keys in SQLite.
 
-use super::{is_unique_violation, json_row, DbError, SqliteStore};
+use super::{is_unique_violation, json_row, json_rows, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{Page, StoreResult, TenantStore};
@@ -50,16 +50,12 @@ impl TenantStore for SqliteStore {
         let cursor = cursor.map(str::to_owned);
         self.db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
+                let data: Vec<Tenant> = json_rows(
+                    conn,
                     "SELECT json FROM tenants WHERE (?1 IS NULL OR id < ?1)
                      ORDER BY id DESC LIMIT ?2",
+                    params![cursor, (limit + 1) as i64],
                 )?;
-                let data = stmt
-                    .query_map(params![cursor, (limit + 1) as i64], |r| {
-                        r.get::<_, String>(0)
-                    })?
-                    .map(|json| Ok(serde_json::from_str::<Tenant>(&json?)?))
-                    .collect::<Result<Vec<_>, DbError>>()?;
                 Ok(Page::from_rows(data, limit, |t| t.id.to_string(), None))
             })
             .await

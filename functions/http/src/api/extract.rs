@@ -118,18 +118,9 @@ impl QueryMap {
     }
 }
 
-/// Text shown to people (names, descriptions): no control characters (a terminal would
-/// obey an escape sequence), and none of the invisible or direction-changing format
-/// characters that make one name look like another.
+/// Text shown to people (names, descriptions): nothing a screen would hide or obey.
 pub(crate) fn is_plain_text(s: &str) -> bool {
-    !s.chars().any(|c| {
-        c.is_control()
-            || matches!(c,
-                '\u{200B}'..='\u{200F}'   // zero-width spaces and marks
-                | '\u{202A}'..='\u{202E}' // bidirectional embeddings and overrides
-                | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, isolates
-                | '\u{FEFF}') // zero-width no-break space
-    })
+    !s.chars().any(entrega_core::text::is_hidden_or_control)
 }
 
 #[cfg(test)]
