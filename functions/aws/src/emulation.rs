@@ -187,6 +187,9 @@ impl Emulation {
                 .queue_url(&url)
                 .max_number_of_messages(SQS_BATCH)
                 .wait_time_seconds(1)
+                .message_system_attribute_names(
+                    aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+                )
                 .send()
                 .await
             {
@@ -206,6 +209,13 @@ impl Emulation {
                 message.message_id = m.message_id().map(str::to_owned);
                 message.receipt_handle = m.receipt_handle().map(str::to_owned);
                 message.body = m.body().map(str::to_owned);
+                // Lambda's events carry the system attributes by their names.
+                message.attributes = m
+                    .attributes()
+                    .into_iter()
+                    .flatten()
+                    .map(|(name, value)| (name.as_str().to_owned(), value.clone()))
+                    .collect();
                 event.records.push(message);
             }
             let records = event.records.clone();

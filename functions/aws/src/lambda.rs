@@ -3,25 +3,17 @@
 //! Lambda hands them; `entrega serve --backend aws` builds the same events from its
 //! pollers and calls the same functions, so both run one code path.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
-use entrega_core::handlers::task::DeliveryTask;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
+use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
 use entrega_core::ports::{MessageQueue, OutgoingMessage, Services};
 use futures_util::future::join_all;
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use crate::outbox::event_from_dynamo_json;
-
-/// A message whose handler hit a backend error (a throttled table, a timeout) comes
-/// back after this, not after the queue's whole visibility timeout (6 minutes).
-pub const ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One stream record as the outbox trigger needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,38 +95,25 @@ pub async fn outbox_batch(
     response
 }
 
-/// The delivery worker over an SQS batch: concurrent, but at most each endpoint's cap
-/// at once. A message to retry later is hidden with ChangeMessageVisibility and
-/// reported failed (so Lambda keeps it); one that is done is left for Lambda to delete.
+/// The delivery worker over an SQS batch, every message at once: each endpoint's cap
+/// holds across invocations through its slots in the store (the worker hides a message
+/// whose endpoint is busy), so nothing here waits. A message to retry later is hidden
+/// with ChangeMessageVisibility and reported failed (so Lambda keeps it); one that is
+/// done is left for Lambda to delete.
 pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchResponse {
-    let mut caps: HashMap<String, Arc<Semaphore>> = HashMap::new();
-    let jobs = event.records.into_iter().map(|message| {
-        let task: Option<DeliveryTask> = message
-            .body
-            .as_deref()
-            .and_then(|b| serde_json::from_str(b).ok());
-        let cap = task.map(|t| {
-            caps.entry(t.endpoint_id.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(t.max_concurrency.max(1) as usize)))
-                .clone()
-        });
-        async move {
-            let _permit = match &cap {
-                Some(cap) => Some(cap.acquire().await.expect("never closed")),
-                None => None,
-            };
-            let body = message.body.clone().unwrap_or_default();
-            let delay = match handle_delivery(services, &body).await {
-                Ok(Disposition::Done) => return None,
-                Ok(Disposition::RetryIn(delay)) => delay,
-                Err(e) => {
-                    tracing::error!(error = %e, "delivery handler failed; the message will return");
-                    ERROR_BACKOFF
-                }
-            };
-            keep_hidden(services.deliveries.as_ref(), &message, delay).await;
-            Some(message_id(&message))
-        }
+    let jobs = event.records.into_iter().map(|message| async move {
+        let body = message.body.clone().unwrap_or_default();
+        let receives = receive_count(&message);
+        let delay = match handle_delivery(services, &body, receives).await {
+            Ok(Disposition::Done) => return None,
+            Ok(Disposition::RetryIn(delay)) => delay,
+            Err(e) => {
+                tracing::error!(error = %e, "delivery handler failed; the message will return");
+                backend_error_backoff(&message)
+            }
+        };
+        keep_hidden(services.deliveries.as_ref(), &message, delay).await;
+        Some(message_id(&message))
     });
     let mut response = SqsBatchResponse::default();
     for id in join_all(jobs).await.into_iter().flatten() {
@@ -150,7 +129,12 @@ pub async fn failure_batch(services: &Services, event: SqsEvent) -> SqsBatchResp
         let body = message.body.clone().unwrap_or_default();
         if let Err(e) = handle_failure(services, &body).await {
             tracing::error!(error = %e, "failure handler failed; the notice will return");
-            keep_hidden(services.failures.as_ref(), &message, ERROR_BACKOFF).await;
+            keep_hidden(
+                services.failures.as_ref(),
+                &message,
+                backend_error_backoff(&message),
+            )
+            .await;
             response.add_failure(message_id(&message));
         }
     }
@@ -193,6 +177,26 @@ pub async fn analyzer_event(services: &Services, event: serde_json::Value) -> se
             }
         }
     }
+}
+
+/// How many times SQS has handed this message out, this time included.
+fn receive_count(message: &SqsMessage) -> u32 {
+    message
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(1)
+}
+
+/// A backend error backs off exponentially with the message's receives, not after a
+/// fixed delay (which retried a throttled table every 5 s until the receive count ran
+/// out) nor the queue's whole visibility timeout (6 minutes).
+fn backend_error_backoff(message: &SqsMessage) -> std::time::Duration {
+    backoff(
+        receive_count(message),
+        BACKEND_ERROR_BACKOFF,
+        BACKEND_ERROR_BACKOFF_MAX,
+    )
 }
 
 fn message_id(message: &SqsMessage) -> String {

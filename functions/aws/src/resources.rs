@@ -253,7 +253,8 @@ pub fn services_on(
     let store = Arc::new(store_on(&clients.dynamo, r, clock.clone()));
     Services {
         store: store.clone(),
-        backlog: store,
+        backlog: store.clone(),
+        slots: store,
         deliveries: Arc::new(SqsQueue::new(
             clients.sqs.clone(),
             r.delivery_queue_url.clone(),

@@ -18,6 +18,7 @@ pub mod ports;
 pub mod retry;
 pub mod retry_after;
 pub mod signature;
+pub mod slots;
 pub mod state_machine;
 pub mod tenant;
 pub mod text;

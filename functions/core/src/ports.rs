@@ -477,6 +477,7 @@ pub struct Services {
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<dyn Metrics>,
     pub backlog: Arc<dyn Backlog>,
+    pub slots: Arc<dyn crate::slots::EndpointSlots>,
     pub settings: Settings,
 }
 

@@ -15,6 +15,7 @@ use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
+use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
 use entrega_core::ports::{MessageQueue, ReceivedMessage, Services, StoreError};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -35,8 +36,6 @@ pub const IDLE_POLL: Duration = Duration::from_millis(50);
 const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
 const FAILURE_BATCH: usize = 10;
-/// A message whose handler hit a backend error comes back after this.
-const ERROR_BACKOFF: Duration = Duration::from_secs(5);
 /// First and longest pause of a loop whose backend keeps failing.
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -264,7 +263,7 @@ impl Runtime {
 }
 
 async fn run_delivery(services: &Services, conditions: &Conditions, message: ReceivedMessage) {
-    let outcome = handle_delivery(services, &message.body).await;
+    let outcome = handle_delivery(services, &message.body, message.receive_count).await;
     match &outcome {
         Ok(_) => conditions.recovered(Component::Deliveries),
         Err(e) => conditions.failing(Component::Deliveries, &e.to_string(), services.clock.now()),
@@ -283,9 +282,12 @@ async fn settle(
         Ok(Disposition::RetryIn(delay)) => queue.change_visibility(&message.receipt, delay).await,
         Err(e) => {
             tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
-            queue
-                .change_visibility(&message.receipt, ERROR_BACKOFF)
-                .await
+            let wait = backoff(
+                message.receive_count,
+                BACKEND_ERROR_BACKOFF,
+                BACKEND_ERROR_BACKOFF_MAX,
+            );
+            queue.change_visibility(&message.receipt, wait).await
         }
     };
     if let Err(e) = result {

@@ -17,6 +17,7 @@ use entrega_core::conditions::Conditions;
 use entrega_core::ports::{
     Clock, NoMetrics, Notifier, Services, Settings, SystemClock, TenantStore,
 };
+use entrega_core::slots::InProcessSlots;
 use entrega_core::tenant::{generate_api_key, hash_api_key, Principal};
 use entrega_http::api::rate_limit::RateLimiter;
 use entrega_http::api::{router, AppState};
@@ -257,6 +258,9 @@ pub async fn open_sqlite_parts(
         clock,
         metrics: Arc::new(NoMetrics),
         backlog: Arc::new(backlog.clone()),
+        // The queue already hands out at most an endpoint's cap at once; the slots
+        // hold the same cap for the handler, as they do across Lambda invocations.
+        slots: Arc::new(InProcessSlots::default()),
         settings: Settings::default(),
     };
     Ok((services, backlog))

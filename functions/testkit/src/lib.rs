@@ -88,6 +88,9 @@ struct ReceiverState {
     script: VecDeque<Reply>,
     fallback: Option<Reply>,
     got: Vec<Received>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: usize,
+    peak_in_flight: usize,
 }
 
 /// A webhook receiver on loopback answering from a script (then with a fallback).
@@ -102,7 +105,7 @@ impl Receiver {
         let state = Arc::new(Mutex::new(ReceiverState {
             script: script.into(),
             fallback: Some(fallback),
-            got: vec![],
+            ..Default::default()
         }));
         let shared = state.clone();
         let app = axum::Router::new().fallback(
@@ -117,9 +120,12 @@ impl Receiver {
                             body: String::from_utf8_lossy(&body).into_owned(),
                             at: Instant::now(),
                         });
+                        s.in_flight += 1;
+                        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
                         s.script.pop_front().or_else(|| s.fallback.clone()).unwrap()
                     };
                     tokio::time::sleep(reply.delay).await;
+                    shared.lock().unwrap().in_flight -= 1;
                     let mut resp = (
                         StatusCode::from_u16(reply.status).unwrap(),
                         "receiver says hi",
@@ -149,6 +155,11 @@ impl Receiver {
 
     pub fn got(&self) -> Vec<Received> {
         self.state.lock().unwrap().got.clone()
+    }
+
+    /// The most requests it was answering at one moment.
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.lock().unwrap().peak_in_flight
     }
 
     pub fn count(&self) -> usize {

@@ -121,6 +121,13 @@ pub fn backlog(tenant: &TenantId, shard: u8) -> String {
     sharded(&format!("BACKLOG#{tenant}"), shard)
 }
 
+/// Slot `slot` of an endpoint's concurrency cap. Each slot is its own partition: at
+/// 1 000 attempts a second to one endpoint, every slot is written twice per attempt
+/// it holds, and one partition for all of them would take 2 000 writes a second.
+pub fn endpoint_slot(endpoint: &EndpointId, slot: u32) -> String {
+    format!("SLOT#{endpoint}#{slot}")
+}
+
 // Index partitions.
 
 /// [`BY_TENANT`]: a tenant's deliveries.

@@ -37,6 +37,7 @@
 //! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
+//! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
 //!
 //! On the delivery path (fan-out, one attempt) every write is a single-item write of an
 //! item under 1 KiB: no transaction (they cost double), no index copy rewritten by a
@@ -51,6 +52,7 @@ mod events;
 mod failures;
 mod index;
 pub mod keys;
+mod slots;
 mod tenants;
 
 use index::Partition;

@@ -133,4 +133,5 @@ async fn the_dynamodb_store_conforms() {
     let store =
         entrega_aws::resources::dynamo_store(&stack.sdk, &stack.resources, Arc::new(SystemClock));
     every_promise(&store).await;
+    endpoint_slots_cap_each_endpoint(&store).await;
 }

@@ -24,6 +24,14 @@ use super::webhook::signed_request;
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// When a concurrent write beat ours, look at the delivery again this much later.
 pub const CONFLICT_BACKOFF: Duration = Duration::from_secs(2);
+/// Every slot of the endpoint is taken: the message is hidden for this on its first
+/// receive, doubling per receive ([`super::backoff`]). The slots free up as attempts
+/// finish; the doubling keeps a deep backlog behind one slow endpoint from asking for
+/// slots many times a second (every ask is a conditional write on AWS).
+pub const SLOTS_BUSY_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait for a slot. Under a minute, so the wait is a visibility change
+/// and a message comes back soon after its endpoint recovers.
+pub const SLOTS_BUSY_BACKOFF_MAX: Duration = Duration::from_secs(50);
 
 /// What the runtime does with the message after the handler ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,9 +42,14 @@ pub enum Disposition {
     RetryIn(Duration),
 }
 
-/// Handle one delivery-queue message. `Err` means a backend failed: leave the message
-/// alone and it comes back after its visibility timeout.
-pub async fn handle_delivery(services: &Services, body: &str) -> StoreResult<Disposition> {
+/// Handle one delivery-queue message, received for the `receive_count`th time. `Err`
+/// means a backend failed: leave the message alone and it comes back after its
+/// visibility timeout.
+pub async fn handle_delivery(
+    services: &Services,
+    body: &str,
+    receive_count: u32,
+) -> StoreResult<Disposition> {
     let task: DeliveryTask = match serde_json::from_str(body) {
         Ok(task) => task,
         Err(_) if let Ok(resume) = serde_json::from_str::<ResumeTask>(body) => {
@@ -58,10 +71,16 @@ pub async fn handle_delivery(services: &Services, body: &str) -> StoreResult<Dis
         tenant_id = %task.tenant_id,
         generation = task.generation
     );
-    deliver(services, &task).instrument(span).await
+    deliver(services, &task, receive_count)
+        .instrument(span)
+        .await
 }
 
-async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Disposition> {
+async fn deliver(
+    services: &Services,
+    task: &DeliveryTask,
+    receive_count: u32,
+) -> StoreResult<Disposition> {
     let store = &services.store;
     let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
         tracing::warn!("message for an unknown delivery");
@@ -120,6 +139,47 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
             return Ok(Disposition::Done);
         }
     };
+    if !split_actions(&step).1 {
+        return run_step(services, task, &endpoint, &delivery, step, &policy).await;
+    }
+    // The slot is taken before the "delivering" write: a busy endpoint leaves the
+    // delivery as it was, and its message comes back later, instead of holding a
+    // delivery lease nobody is using.
+    let holder = format!(
+        "{}#{}#{}",
+        delivery.id, delivery.generation, delivery.attempt_count
+    );
+    let Some(slot) = services
+        .slots
+        .acquire(&endpoint.id, endpoint.max_concurrency, &holder, now, lease)
+        .await?
+    else {
+        tracing::debug!("every slot of the endpoint is taken");
+        return Ok(Disposition::RetryIn(super::backoff(
+            receive_count,
+            SLOTS_BUSY_BACKOFF,
+            SLOTS_BUSY_BACKOFF_MAX,
+        )));
+    };
+    let outcome = run_step(services, task, &endpoint, &delivery, step, &policy).await;
+    if let Err(e) = services.slots.release(&slot).await {
+        // The slot frees itself when its lease ends; only that much capacity is lost.
+        tracing::warn!(error = %e, "could not release the endpoint slot");
+    }
+    outcome
+}
+
+/// Carry out a step that `begin` decided: record it, and when it sends, send and
+/// record the outcome.
+async fn run_step(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    delivery: &Delivery,
+    step: state_machine::Step,
+    policy: &RetryPolicy,
+) -> StoreResult<Disposition> {
+    let store = &services.store;
     let (attempts, sends) = split_actions(&step);
     let read_state = delivery.state;
     // Persisted *before* sending: this write is the at-most-once guarantee.
@@ -130,7 +190,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     };
     if !sends {
         left_waiting(services, read_state, &delivery).await?;
-        return carry_out(services, task, &endpoint, &delivery, &step.actions).await;
+        return carry_out(services, task, endpoint, &delivery, &step.actions).await;
     }
     let event = store
         .get_event(&delivery.tenant_id, &delivery.event_id)
@@ -141,7 +201,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
                 delivery.event_id
             ))
         })?;
-    let request = signed_request(&endpoint, &event, services.clock.now());
+    let request = signed_request(endpoint, &event, services.clock.now());
     let started_at = services.clock.now();
     let started = Instant::now();
     let result = services.transport.send(&request).await;
@@ -155,7 +215,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
         &delivery,
         &report,
         endpoint.mode,
-        &policy,
+        policy,
         services.clock.now(),
         &mut rng,
     );
@@ -179,7 +239,7 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
             // still happened, so its record is kept (under its own generation); the
             // resend queued its own message, so this one has nothing left to do.
             store.append_attempts(&attempts).await?;
-            health::observe(services, &endpoint, succeeded, now).await?;
+            health::observe(services, endpoint, succeeded, now).await?;
             return Ok(Disposition::Done);
         }
         Err(e) => return Err(e),
@@ -188,11 +248,11 @@ async fn deliver(services: &Services, task: &DeliveryTask) -> StoreResult<Dispos
     if gone {
         // The receiver says the URL is gone for good: stop sending to it, keep what is
         // waiting (paused), and let a human decide.
-        health::disable(services, &endpoint, "the receiver answered 410 Gone", now).await?;
+        health::disable(services, endpoint, "the receiver answered 410 Gone", now).await?;
         return Ok(Disposition::Done);
     }
-    health::observe(services, &endpoint, succeeded, now).await?;
-    carry_out(services, task, &endpoint, &saved, &step.actions).await
+    health::observe(services, endpoint, succeeded, now).await?;
+    carry_out(services, task, endpoint, &saved, &step.actions).await
 }
 
 /// `410 Gone`: the endpoint is retired, not failing.

@@ -249,4 +249,9 @@ mod conformance {
         let (_dir, store) = store().await;
         every_promise(&store).await;
     }
+
+    #[tokio::test]
+    async fn in_process_slots_conform() {
+        endpoint_slots_cap_each_endpoint(&entrega_core::slots::InProcessSlots::default()).await;
+    }
 }

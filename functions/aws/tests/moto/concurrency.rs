@@ -1,0 +1,105 @@
+//! An endpoint's concurrency cap across Lambda invocations: two batches handled at
+//! once, as two concurrent invocations would, never send more than the cap together.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use entrega_aws::lambda::delivery_batch;
+use entrega_core::endpoint::Endpoint;
+use entrega_core::handlers::fanout::fan_out;
+use entrega_core::ports::SystemClock;
+use entrega_testkit::{eventually, Receiver, Reply};
+use serde_json::json;
+
+use crate::harness::Stack;
+use crate::support::*;
+
+/// Lambda's SQS event for received messages, each with its receive count.
+fn sqs_event(stack: &Stack, messages: &[aws_sdk_sqs::types::Message]) -> SqsEvent {
+    let records: Vec<_> = messages
+        .iter()
+        .map(|m| {
+            json!({
+                "messageId": m.message_id().unwrap(),
+                "receiptHandle": m.receipt_handle().unwrap(),
+                "body": m.body().unwrap(),
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {}, "md5OfBody": "0", "eventSource": "aws:sqs",
+                "eventSourceARN": stack.resources.delivery_queue_arn, "awsRegion": "us-east-1"
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cap_holds_across_two_concurrent_batches() {
+    const CAP: u32 = 2;
+    let mut stack = Stack::provisioned(Arc::new(SystemClock)).await;
+    let s = stack.services.clone();
+    let tenant = tenant(&s).await;
+    let receiver = Receiver::start(
+        vec![],
+        Reply::status(204).after(Duration::from_millis(1500)),
+    )
+    .await;
+    let ep = Endpoint {
+        max_concurrency: CAP,
+        ..Endpoint::new(tenant.clone(), receiver.url("/"), s.clock.now())
+    };
+    s.store.create_endpoint(&ep).await.unwrap();
+    for i in 0..6 {
+        let e = event(&s, &tenant, "a.b", &format!(r#"{{"n":{i}}}"#));
+        s.store.publish(&e).await.unwrap();
+        fan_out(&s, &e).await.unwrap();
+    }
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let mut messages = Vec::new();
+    while messages.len() < 6 {
+        let out = sqs
+            .receive_message()
+            .queue_url(&stack.resources.delivery_queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(120)
+            .send()
+            .await
+            .unwrap();
+        messages.extend(out.messages().iter().cloned());
+    }
+    let (first, second) = messages.split_at(3);
+
+    // Two invocations at once, three messages each, to an endpoint that takes two.
+    let (a, b) = tokio::join!(
+        delivery_batch(&s, sqs_event(&stack, first)),
+        delivery_batch(&s, sqs_event(&stack, second)),
+    );
+    assert_eq!(
+        receiver.peak_in_flight(),
+        CAP as usize,
+        "never more than the cap"
+    );
+    assert_eq!(
+        receiver.count(),
+        CAP as usize,
+        "the cap's worth sent at once"
+    );
+    // The rest were hidden for a moment (reported failed, so Lambda keeps them), not
+    // waited for inside the invocation.
+    assert_eq!(
+        a.batch_item_failures.len() + b.batch_item_failures.len(),
+        6 - CAP as usize
+    );
+
+    // The event source mapping brings them back; every one is delivered once, and the
+    // cap still holds.
+    stack.start_pollers();
+    eventually(Duration::from_secs(60), "all six delivered", || async {
+        (receiver.count() >= 6).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(receiver.distinct_webhook_ids().len(), 6);
+    assert_eq!(receiver.count(), 6, "each delivered once");
+    assert_eq!(receiver.peak_in_flight(), CAP as usize);
+}

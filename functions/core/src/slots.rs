@@ -1,0 +1,104 @@
+//! Per-endpoint concurrency across every worker: before it sends, a worker takes one
+//! of the endpoint's `max_concurrency` slots for the length of the attempt's lease, and
+//! gives it back when the outcome is recorded. On AWS many Lambda invocations work the
+//! queue at once, so a cap kept inside one batch would let each invocation send its
+//! own `max_concurrency`; the slots live in the store instead (DynamoDB), and a worker
+//! that finds them all taken hides the message briefly rather than waiting, so no
+//! invocation ever runs past its time waiting for one.
+//!
+//! A worker that dies holding a slot loses it at the lease's end, as a crashed attempt
+//! loses its delivery lease: the slot is never held for longer than an attempt can run.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::ids::EndpointId;
+use crate::ports::StoreResult;
+
+/// One slot of an endpoint, held by one attempt until `until`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotLease {
+    pub endpoint_id: EndpointId,
+    pub slot: u32,
+    /// Who holds it (the delivery and its attempt), so only the holder releases it.
+    pub holder: String,
+    pub until: DateTime<Utc>,
+}
+
+/// The slots of every endpoint.
+#[async_trait]
+pub trait EndpointSlots: Send + Sync {
+    /// One of `endpoint`'s `limit` slots for `holder` until `now + lease`, or `None`
+    /// when every slot is held by a lease still running.
+    async fn acquire(
+        &self,
+        endpoint: &EndpointId,
+        limit: u32,
+        holder: &str,
+        now: DateTime<Utc>,
+        lease: Duration,
+    ) -> StoreResult<Option<SlotLease>>;
+    /// Give the slot back. A slot whose lease ran out and was taken by another holder
+    /// is left to that holder.
+    async fn release(&self, lease: &SlotLease) -> StoreResult<()>;
+}
+
+/// The slots of one process, in memory: the embedded runtime (one process holds every
+/// worker) and tests.
+#[derive(Debug, Default)]
+pub struct InProcessSlots {
+    held: Mutex<HashMap<EndpointId, Vec<Option<(String, DateTime<Utc>)>>>>,
+}
+
+#[async_trait]
+impl EndpointSlots for InProcessSlots {
+    async fn acquire(
+        &self,
+        endpoint: &EndpointId,
+        limit: u32,
+        holder: &str,
+        now: DateTime<Utc>,
+        lease: Duration,
+    ) -> StoreResult<Option<SlotLease>> {
+        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let slots = held.entry(endpoint.clone()).or_default();
+        let limit = limit.max(1) as usize;
+        if slots.len() < limit {
+            slots.resize(limit, None);
+        }
+        let free = slots
+            .iter()
+            .take(limit)
+            .position(|s| s.as_ref().is_none_or(|(_, until)| *until <= now));
+        Ok(free.map(|slot| {
+            slots[slot] = Some((holder.to_owned(), until));
+            SlotLease {
+                endpoint_id: endpoint.clone(),
+                slot: slot as u32,
+                holder: holder.to_owned(),
+                until,
+            }
+        }))
+    }
+
+    async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = held
+            .get_mut(&lease.endpoint_id)
+            .and_then(|slots| slots.get_mut(lease.slot as usize))
+        {
+            if slot
+                .as_ref()
+                .is_some_and(|(holder, _)| *holder == lease.holder)
+            {
+                *slot = None;
+            }
+        }
+        Ok(())
+    }
+}
