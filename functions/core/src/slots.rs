@@ -51,8 +51,11 @@ pub trait EndpointSlots: Send + Sync {
 /// worker) and tests.
 #[derive(Debug, Default)]
 pub struct InProcessSlots {
-    held: Mutex<HashMap<EndpointId, Vec<Option<(String, DateTime<Utc>)>>>>,
+    held: Mutex<HashMap<EndpointId, Vec<Option<Holder>>>>,
 }
+
+/// Who holds a slot, and until when.
+type Holder = (String, DateTime<Utc>);
 
 #[async_trait]
 impl EndpointSlots for InProcessSlots {
