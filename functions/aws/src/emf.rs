@@ -92,6 +92,15 @@ impl Metrics for EmfMetrics {
         let doc = document(&[&[]], json!({}), &[("MalformedOutboxItems", "Count", 1.0)]);
         println!("{doc}");
     }
+
+    fn deliveries_swept(&self, count: u64) {
+        let doc = document(
+            &[&[]],
+            json!({}),
+            &[("DeliveriesSwept", "Count", count as f64)],
+        );
+        println!("{doc}");
+    }
 }
 
 #[cfg(test)]

@@ -14,11 +14,14 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_dynamodbstreams::types::ShardIteratorType;
 use chrono::{DateTime, NaiveDateTime, Utc};
+use entrega_core::handlers::sweep::SWEEP_INTERVAL;
 use entrega_core::ports::Services;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::lambda::{delivery_batch, failure_batch, outbox_batch, OutboxRecord};
+use crate::lambda::{
+    analyzer_event, delivery_batch, failure_batch, outbox_batch, OutboxRecord, SWEEP_TASK,
+};
 use crate::outbox::scalar_json;
 use crate::resources::AwsResources;
 
@@ -271,18 +274,21 @@ impl Emulation {
         let scheduler = self.clients.scheduler.clone();
         let sqs = self.clients.sqs.clone();
         let mut last_age_check = std::time::Instant::now() - AGE_CHECK_INTERVAL;
+        let mut last_sweep = std::time::Instant::now();
         while !*shutdown.borrow() {
             if let Err(e) = self.fire_due_schedules(&scheduler, &sqs).await {
                 tracing::error!(error = %e, "firing schedules failed");
             }
-            // The template's rate(…) schedule on the dlq-analyzer, played here.
+            // The template's rate(…) schedules on the dlq-analyzer, played here with
+            // the same inputs (each logs its own failure).
             if last_age_check.elapsed() >= AGE_CHECK_INTERVAL {
                 last_age_check = std::time::Instant::now();
-                if let Err(e) =
-                    entrega_core::handlers::age::check_unacknowledged(&self.services).await
-                {
-                    tracing::error!(error = %e, "the 24-hour check failed");
-                }
+                analyzer_event(&self.services, serde_json::json!({})).await;
+            }
+            if last_sweep.elapsed() >= SWEEP_INTERVAL {
+                last_sweep = std::time::Instant::now();
+                let sweep = serde_json::json!({ "entrega_task": SWEEP_TASK });
+                analyzer_event(&self.services, sweep).await;
             }
             idle(&mut shutdown, SCHEDULE_POLL).await;
         }

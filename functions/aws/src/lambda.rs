@@ -153,9 +153,24 @@ async fn keep_hidden(
     }
 }
 
-/// What the dlq-analyzer function receives: an SQS batch from the failures queue, or
-/// the schedule's tick that runs the 24-hour rule (any event without `Records`).
+/// The sweep schedule's input (the template's `Sweep` event).
+pub const SWEEP_TASK: &str = "sweep";
+
+/// What the dlq-analyzer function receives: an SQS batch from the failures queue, the
+/// sweep schedule's `{"entrega_task": "sweep"}`, or the schedule's tick that runs the
+/// 24-hour rule (any other event).
 pub async fn analyzer_event(services: &Services, event: serde_json::Value) -> serde_json::Value {
+    if event.get("entrega_task").and_then(Value::as_str) == Some(SWEEP_TASK) {
+        return match entrega_core::handlers::sweep::sweep_overdue(services).await {
+            Ok(report) => {
+                serde_json::json!({ "examined": report.examined, "requeued": report.requeued })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the sweep failed; the next one starts over");
+                serde_json::Value::Null
+            }
+        };
+    }
     if event.get("Records").is_some() {
         match serde_json::from_value::<SqsEvent>(event) {
             Ok(batch) => {

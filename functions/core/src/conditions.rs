@@ -22,6 +22,8 @@ pub enum Component {
     Failures,
     /// The scheduled 24-hour check.
     AgeCheck,
+    /// The scheduled sweep for deliveries whose message was lost.
+    Sweeper,
 }
 
 /// One component failing since `since`, for `reason`, `occurrences` times.

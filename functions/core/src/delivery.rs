@@ -139,6 +139,16 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// When a worker should next look at this delivery without anyone asking: its next
+    /// attempt, or the end of the lease of the attempt under way. `None` when nothing is
+    /// due (delivered, failed, exhausted, paused).
+    pub fn due_at(&self) -> Option<DateTime<Utc>> {
+        if !self.state.is_waiting() {
+            return None;
+        }
+        self.next_attempt_at.or(self.lease_until)
+    }
+
     /// A new delivery, waiting for its first attempt (or paused, for a disabled
     /// endpoint).
     pub fn new(

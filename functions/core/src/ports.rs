@@ -204,6 +204,15 @@ pub trait DeliveryStore: Send + Sync {
         endpoint: &EndpointId,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>>;
+    /// Deliveries of every tenant that were due ([`Delivery::due_at`]) before `before`
+    /// and are still waiting, most overdue first (as far as the store's index orders
+    /// them), at most `limit`. The sweeper's question; the answer may include some due
+    /// a little later, which the sweeper checks again.
+    async fn overdue_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>>;
 }
 
 #[async_trait]
@@ -427,6 +436,8 @@ pub trait Metrics: Send + Sync {
     fn oldest_unacknowledged_failure(&self, age: Option<Duration>);
     /// An outbox item that can never become an event (malformed) was quarantined.
     fn outbox_item_refused(&self) {}
+    /// The sweeper queued this many deliveries whose message was lost.
+    fn deliveries_swept(&self, _count: u64) {}
 }
 
 /// Metrics that go nowhere (tools that run handlers outside a runtime).

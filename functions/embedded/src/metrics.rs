@@ -51,6 +51,7 @@ pub struct PrometheusMetrics {
     failures: Family<TenantLabels, Counter>,
     backlog: Family<TenantLabels, Gauge<u64, AtomicU64>>,
     oldest_unacknowledged: Gauge<u64, AtomicU64>,
+    swept: Counter,
 }
 
 impl Default for PrometheusMetrics {
@@ -64,6 +65,7 @@ impl Default for PrometheusMetrics {
         let failures = Family::<TenantLabels, Counter>::default();
         let backlog = Family::<TenantLabels, Gauge<u64, AtomicU64>>::default();
         let oldest_unacknowledged = Gauge::<u64, AtomicU64>::default();
+        let swept = Counter::default();
         registry.register("attempts", "Delivery attempts by outcome", attempts.clone());
         registry.register(
             "response_seconds",
@@ -86,6 +88,11 @@ impl Default for PrometheusMetrics {
             "Age of the oldest unacknowledged failure (0: none)",
             oldest_unacknowledged.clone(),
         );
+        registry.register(
+            "deliveries_swept",
+            "Deliveries queued again by the sweeper (their message was lost)",
+            swept.clone(),
+        );
         Self {
             registry,
             attempts,
@@ -94,6 +101,7 @@ impl Default for PrometheusMetrics {
             failures,
             backlog,
             oldest_unacknowledged,
+            swept,
         }
     }
 }
@@ -126,6 +134,10 @@ impl Metrics for PrometheusMetrics {
                 tenant: tenant.to_string(),
             })
             .inc();
+    }
+
+    fn deliveries_swept(&self, count: u64) {
+        self.swept.inc_by(count);
     }
 
     fn oldest_unacknowledged_failure(&self, age: Option<Duration>) {

@@ -14,6 +14,7 @@ use entrega_core::conditions::{Component, Conditions};
 use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
+use entrega_core::handlers::sweep::{sweep_overdue, SWEEP_INTERVAL};
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
 use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
 use entrega_core::ports::{MessageQueue, ReceivedMessage, Services, StoreError};
@@ -114,7 +115,8 @@ impl Runtime {
         tasks.spawn(this.clone().outbox_loop(shutdown.clone()));
         tasks.spawn(this.clone().delivery_loop(shutdown.clone()));
         tasks.spawn(this.clone().failure_loop(shutdown.clone()));
-        tasks.spawn(this.clone().age_loop(shutdown));
+        tasks.spawn(this.clone().age_loop(shutdown.clone()));
+        tasks.spawn(this.clone().sweep_loop(shutdown));
         while tasks.join_next().await.is_some() {}
     }
 
@@ -251,6 +253,20 @@ impl Runtime {
     }
 
     /// The 24-hour rule, checked on a timer so it fires without new failures.
+    /// The sweeper, on a timer: the embedded queue shares the store's transactions, so
+    /// a lost message would take a bug or a hand-edited database; the sweep is the
+    /// same safety net as on AWS, from the same handler.
+    async fn sweep_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        pause(&mut shutdown, SWEEP_INTERVAL).await;
+        while !*shutdown.borrow() {
+            match sweep_overdue(&self.services).await {
+                Ok(_) => self.conditions.recovered(Component::Sweeper),
+                Err(e) => self.failing(Component::Sweeper, &e),
+            }
+            pause(&mut shutdown, SWEEP_INTERVAL).await;
+        }
+    }
+
     async fn age_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         while !*shutdown.borrow() {
             match check_unacknowledged(&self.services).await {

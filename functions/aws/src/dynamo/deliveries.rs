@@ -1,7 +1,8 @@
 //! Deliveries and attempts in DynamoDB.
 //!
 //! A delivery item is indexed four ways: by tenant, endpoint, day (the admin's
-//! all-tenants log) and event ([`keys`]). Attempts live in the delivery's own
+//! all-tenants log) and event ([`keys`]); and, while it waits, by due time (the
+//! sweeper's index). Attempts live in the delivery's own
 //! partition, so "the row plus every attempt" is one Query.
 
 use async_trait::async_trait;
@@ -53,6 +54,16 @@ impl DynamoStore {
             (keys::BY_PARENT.sk.to_owned(), s(id)),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
+        // Only while it waits: the write that ends the wait takes it out of the index.
+        if let Some(due) = d.due_at() {
+            item.extend([
+                (keys::BY_DUE.pk.to_owned(), s(keys::due(&d.id))),
+                (
+                    keys::BY_DUE.sk.to_owned(),
+                    s(keys::due_sort(due.timestamp_millis(), &d.id)),
+                ),
+            ]);
+        }
         item
     }
 
@@ -308,6 +319,46 @@ impl DeliveryStore for DynamoStore {
             .iter()
             .map(from_json)
             .collect()
+    }
+
+    async fn overdue_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        let end = keys::due_slot_end(before.timestamp_millis());
+        let mut entries: Vec<Item> = Vec::new();
+        // One page per shard is enough: each is asked for the whole limit (keys only, a
+        // few bytes each), and the merge keeps the most overdue of them all.
+        for shard in 0..keys::DUE_SHARDS {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.main_table)
+                .index_name(keys::BY_DUE.name)
+                .key_condition_expression("#pk = :pk AND #sk < :end")
+                .expression_attribute_names("#pk", keys::BY_DUE.pk)
+                .expression_attribute_names("#sk", keys::BY_DUE.sk)
+                .expression_attribute_values(":pk", s(keys::due_shard(shard)))
+                .expression_attribute_values(":end", s(end.clone()))
+                .limit(limit.clamp(1, 1_000) as i32)
+                .send()
+                .await
+                .map_err(backend)?;
+            entries.extend(out.items().iter().cloned());
+        }
+        let sort_key = |e: &Item| get_s(e, keys::BY_DUE.sk).unwrap_or_default().to_owned();
+        entries.sort_by_key(sort_key);
+        entries.truncate(limit);
+        let mut found: Vec<Delivery> = self
+            .fetch_items(&entries)
+            .await?
+            .iter()
+            .map(from_json)
+            .collect::<StoreResult<_>>()?;
+        found.retain(|d| d.due_at().is_some_and(|due| due < before));
+        found.sort_by_key(|d| d.due_at());
+        Ok(found)
     }
 
     async fn paused_deliveries(

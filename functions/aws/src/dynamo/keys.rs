@@ -44,7 +44,14 @@ pub const BY_PARENT: Gsi = Gsi {
     pk: "gsi4pk",
     sk: "gsi4sk",
 };
-pub const ALL_GSIS: [Gsi; 4] = [BY_TENANT, BY_ENDPOINT, BY_KIND, BY_PARENT];
+/// By due time: the waiting deliveries, for the sweeper (sparse: an item leaves it when
+/// it stops waiting).
+pub const BY_DUE: Gsi = Gsi {
+    name: "gsi5",
+    pk: "gsi5pk",
+    sk: "gsi5sk",
+};
+pub const ALL_GSIS: [Gsi; 5] = [BY_TENANT, BY_ENDPOINT, BY_KIND, BY_PARENT, BY_DUE];
 
 // Write shards. A partition accepts about 1 000 write units a second; an index entry
 // is one unit, so a partition written for every delivery is split where one source
@@ -57,6 +64,13 @@ pub const DAY_SHARDS: u8 = 16;
 pub const OWNER_SHARDS: u8 = 4;
 /// Shards of one tenant's backlog counter (two updates per delivery).
 pub const BACKLOG_SHARDS: u8 = 4;
+/// Shards of the due index (every waiting delivery of every tenant enters it once).
+pub const DUE_SHARDS: u8 = 16;
+/// The due index sorts by due time cut to this many minutes, not the exact time: a
+/// delivery's entry then moves only when a retry is due in another slot, not on every
+/// state change (a move is two index writes). The sweeper reads whole slots that ended
+/// before its cutoff, so it acts at most this much later than its grace.
+pub const DUE_SLOT_MINUTES: i64 = 10;
 
 /// The shard an id is written to: stable, so every write of one item lands in the
 /// same partition, and spread evenly (FNV-1a over the id's bytes).
@@ -129,6 +143,35 @@ pub fn endpoint_slot(endpoint: &EndpointId, slot: u32) -> String {
 }
 
 // Index partitions.
+
+/// [`BY_DUE`]: the partition of a waiting delivery.
+pub fn due(delivery: &DeliveryId) -> String {
+    due_shard(shard(delivery.as_str(), DUE_SHARDS))
+}
+
+/// [`BY_DUE`]: one of its [`DUE_SHARDS`] partitions.
+pub fn due_shard(shard: u8) -> String {
+    sharded("DUE", shard)
+}
+
+/// [`BY_DUE`]: the sort key of a delivery due at `at_ms`: its due slot's start, then
+/// the delivery. Every key of a slot sorts below [`due_slot_end`] of that slot.
+pub fn due_sort(at_ms: i64, delivery: &DeliveryId) -> String {
+    format!("{}#{delivery}", due_slot(at_ms))
+}
+
+/// [`BY_DUE`]: the sort keys of deliveries due in slots that ended by `at_ms` are all
+/// below this.
+pub fn due_slot_end(at_ms: i64) -> String {
+    due_slot(at_ms)
+}
+
+fn due_slot(at_ms: i64) -> String {
+    let slot_ms = DUE_SLOT_MINUTES * 60_000;
+    let start = at_ms.div_euclid(slot_ms) * slot_ms;
+    let at = Utc.timestamp_millis_opt(start).single().unwrap_or_default();
+    at.format("%Y-%m-%dT%H:%M").to_string()
+}
 
 /// [`BY_TENANT`]: a tenant's deliveries.
 pub fn tenant_deliveries(tenant: &TenantId) -> String {

@@ -36,6 +36,7 @@
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |
 //! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
+//! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..15>`, `sk` = 10-minute slot + id; sparse | Query each shard below the cutoff slot + BatchGet |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
 //!
@@ -74,7 +75,7 @@ pub const SK: &str = "sk";
 /// The sort key of single-record items.
 pub const ONLY: &str = "#";
 /// The GSIs: name, partition attribute, sort attribute.
-pub const GSIS: [(&str, &str, &str); 4] = [
+pub const GSIS: [(&str, &str, &str); 5] = [
     (keys::BY_TENANT.name, keys::BY_TENANT.pk, keys::BY_TENANT.sk),
     (
         keys::BY_ENDPOINT.name,
@@ -83,6 +84,7 @@ pub const GSIS: [(&str, &str, &str); 4] = [
     ),
     (keys::BY_KIND.name, keys::BY_KIND.pk, keys::BY_KIND.sk),
     (keys::BY_PARENT.name, keys::BY_PARENT.pk, keys::BY_PARENT.sk),
+    (keys::BY_DUE.name, keys::BY_DUE.pk, keys::BY_DUE.sk),
 ];
 /// What every GSI holds of an item: its keys only. An index write then happens when
 /// an item enters or leaves an index, never when its state changes (with ALL, every

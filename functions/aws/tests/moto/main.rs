@@ -8,3 +8,4 @@ mod lambda_events;
 mod operations;
 mod provisioning;
 mod support;
+mod sweep;

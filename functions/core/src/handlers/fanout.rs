@@ -42,7 +42,8 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
             // along already has one (or is paused until its endpoint is re-enabled).
             if stored.state == DeliveryState::Pending && stored.attempt_count == 0 {
                 messages.push(
-                    DeliveryTask::for_delivery(&stored, endpoint).message(endpoint, Duration::ZERO),
+                    DeliveryTask::for_delivery(&stored)
+                        .message(endpoint.max_concurrency, Duration::ZERO),
                 );
             }
         }

@@ -11,6 +11,7 @@ pub mod notices;
 pub mod replay;
 pub mod resend;
 pub mod resume;
+pub mod sweep;
 pub mod task;
 pub mod webhook;
 pub mod worker;

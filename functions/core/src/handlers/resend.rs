@@ -44,7 +44,7 @@ pub async fn resend_delivery(
     for _ in 0..RESEND_TRIES {
         let next = state_machine::resend(&current, requested_by, services.clock.now());
         let message =
-            DeliveryTask::for_delivery(&next, &endpoint).message(&endpoint, Duration::ZERO);
+            DeliveryTask::for_delivery(&next).message(endpoint.max_concurrency, Duration::ZERO);
         services.deliveries.send(vec![message]).await?;
         match services.store.save_delivery(&next, &[]).await {
             Ok(saved) => {

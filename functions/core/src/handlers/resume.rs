@@ -86,7 +86,7 @@ async fn resume_batch(services: &Services, endpoint: &Endpoint) -> StoreResult<u
     // with a message (the worker starts it anyway), never a pending one without.
     let messages = paused
         .iter()
-        .map(|d| DeliveryTask::for_delivery(d, endpoint).message(endpoint, Duration::ZERO))
+        .map(|d| DeliveryTask::for_delivery(d).message(endpoint.max_concurrency, Duration::ZERO))
         .collect();
     services.deliveries.send(messages).await?;
     let now = services.clock.now();

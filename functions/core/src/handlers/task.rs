@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::delivery::Delivery;
-use crate::endpoint::Endpoint;
 use crate::ids::{DeliveryId, EndpointId, TenantId};
 use crate::ports::OutgoingMessage;
 
@@ -15,35 +14,28 @@ pub struct DeliveryTask {
     pub tenant_id: TenantId,
     pub endpoint_id: EndpointId,
     pub generation: u32,
-    /// The endpoint's concurrency cap when the task was queued: a Lambda batch uses it
-    /// to bound its own concurrency per endpoint.
-    #[serde(default = "default_cap")]
-    pub max_concurrency: u32,
-}
-
-fn default_cap() -> u32 {
-    crate::endpoint::DEFAULT_MAX_CONCURRENCY
 }
 
 impl DeliveryTask {
-    pub fn for_delivery(delivery: &Delivery, endpoint: &Endpoint) -> Self {
+    pub fn for_delivery(delivery: &Delivery) -> Self {
         Self {
             delivery_id: delivery.id.clone(),
             tenant_id: delivery.tenant_id.clone(),
             endpoint_id: delivery.endpoint_id.clone(),
             generation: delivery.generation,
-            max_concurrency: endpoint.max_concurrency,
         }
     }
 
-    /// The queue message: grouped by tenant (fairness), capped per endpoint.
-    pub fn message(&self, endpoint: &Endpoint, delay: std::time::Duration) -> OutgoingMessage {
+    /// The queue message: grouped by tenant (fairness), at most `cap` of one endpoint's
+    /// handed out at once (where the queue can hold a cap; the worker's slots hold it
+    /// everywhere).
+    pub fn message(&self, cap: u32, delay: std::time::Duration) -> OutgoingMessage {
         OutgoingMessage {
             body: serde_json::to_string(self).expect("a task serialises"),
             group: self.tenant_id.to_string(),
             delay,
             concurrency_key: Some(self.endpoint_id.to_string()),
-            concurrency_limit: endpoint.max_concurrency,
+            concurrency_limit: cap,
         }
     }
 }

@@ -362,13 +362,13 @@ async fn requeue(
         Some(longest) if delay > longest => {
             services
                 .scheduler
-                .schedule(task.message(endpoint, Duration::ZERO), at)
+                .schedule(task.message(endpoint.max_concurrency, Duration::ZERO), at)
                 .await?;
         }
         _ => {
             services
                 .deliveries
-                .send(vec![task.message(endpoint, delay)])
+                .send(vec![task.message(endpoint.max_concurrency, delay)])
                 .await?;
         }
     }

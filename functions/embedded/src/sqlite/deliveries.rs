@@ -234,4 +234,29 @@ impl DeliveryStore for SqliteStore {
             })
             .await
     }
+
+    async fn overdue_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        // Compared as text in the form serde stores (RFC 3339, UTC, `Z`): ordered as
+        // the times are, to within a second's fraction digits.
+        let before = before.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        self.db
+            .call(move |conn| {
+                read_many(
+                    conn,
+                    "SELECT json FROM deliveries
+                     WHERE state IN ('pending', 'delivering', 'retrying')
+                       AND coalesce(json_extract(json, '$.next_attempt_at'),
+                                    json_extract(json, '$.lease_until')) < ?1
+                     ORDER BY coalesce(json_extract(json, '$.next_attempt_at'),
+                                       json_extract(json, '$.lease_until'))
+                     LIMIT ?2",
+                    vec![SqlValue::Text(before), SqlValue::Integer(limit as i64)],
+                )
+            })
+            .await
+    }
 }

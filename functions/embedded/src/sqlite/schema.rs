@@ -98,6 +98,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, id);
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries (endpoint_id, state, id);
 CREATE INDEX IF NOT EXISTS deliveries_by_tenant_event ON deliveries (tenant_id, event_id);
+-- The sweeper's question: waiting deliveries by when they were due (next attempt, or
+-- the end of the lease of the attempt under way). Partial: only waiting ones.
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries
+    (coalesce(json_extract(json, '$.next_attempt_at'), json_extract(json, '$.lease_until')))
+    WHERE state IN ('pending', 'delivering', 'retrying');
 
 CREATE TABLE IF NOT EXISTS attempts (
     id TEXT PRIMARY KEY,

@@ -1,0 +1,102 @@
+//! The sweeper: a delivery whose message was lost is found and queued again.
+//!
+//! A delivery moves only when its queue message comes back. Every path keeps one (the
+//! fan-out queues before it reports success, a retry is hidden, re-sent or scheduled
+//! before its message is let go), but a message can still vanish outside our code: a
+//! queue purged by hand, a schedule deleted, a message moved to the dead-letter queue
+//! after a run of backend errors. Without a sweep such a delivery would wait forever,
+//! and nobody would be told. So on a timer (a schedule on AWS, a loop in `entrega
+//! serve`) the sweeper asks the store for waiting deliveries whose next attempt is well
+//! overdue and queues each once more.
+//!
+//! Idempotent: the worker drops a message for a delivery that has moved on, and two
+//! messages for one delivery make at most one attempt at a time (the delivery lease),
+//! at-most-once included (its "delivering" write). The sweep never writes the delivery
+//! itself, so nothing the API or the worker wrote is undone; a claim per delivery and
+//! version keeps one stuck delivery from being queued again on every run.
+
+use std::time::Duration;
+
+use chrono::Duration as ChronoDuration;
+use tracing::{info_span, Instrument};
+
+use crate::ports::{Services, StoreResult};
+
+use super::task::DeliveryTask;
+
+/// How overdue a delivery must be before the sweeper touches it. Far beyond how late a
+/// healthy message runs (a retry's visibility wait, a slot backoff, a schedule firing),
+/// so a sweep queues the lost, not the merely busy.
+pub const SWEEP_GRACE: ChronoDuration = ChronoDuration::minutes(15);
+/// Deliveries examined per run: bounds one run's reads and messages; a larger set is
+/// worked through on the following runs, most overdue first.
+pub const SWEEP_BATCH: usize = 500;
+/// How often the sweeper runs (the AWS schedule's rate and the embedded loop's timer).
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(300);
+/// A delivery queued by a sweep is not queued again for this long unless it moves: its
+/// message may simply be waiting behind others.
+pub const SWEEP_CLAIM: Duration = Duration::from_secs(3_600);
+
+/// What one run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Overdue deliveries the store returned.
+    pub examined: usize,
+    /// Deliveries queued again.
+    pub requeued: usize,
+}
+
+/// One sweep: queue every delivery overdue by more than [`SWEEP_GRACE`] once more.
+pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
+    async {
+        let now = services.clock.now();
+        let cutoff = now - SWEEP_GRACE;
+        let overdue = services
+            .store
+            .overdue_deliveries(cutoff, SWEEP_BATCH)
+            .await?;
+        let mut report = SweepReport {
+            examined: overdue.len(),
+            ..SweepReport::default()
+        };
+        for delivery in overdue {
+            // The store's index may be a moment behind the delivery itself.
+            if delivery.due_at().is_none_or(|due| due > cutoff) {
+                continue;
+            }
+            let claim = format!("sweep:{}:{}", delivery.id, delivery.version);
+            let first = services
+                .store
+                .remember_once(&claim, "queued", SWEEP_CLAIM)
+                .await?
+                .is_none();
+            if !first {
+                continue;
+            }
+            // The cap of the endpoint as it is now; one deleted meanwhile still needs
+            // the message, so that the worker ends its delivery.
+            let cap = services
+                .store
+                .get_endpoint(&delivery.endpoint_id)
+                .await?
+                .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
+                    e.max_concurrency
+                });
+            tracing::warn!(
+                delivery_id = %delivery.id,
+                tenant_id = %delivery.tenant_id,
+                due_at = ?delivery.due_at(),
+                "queueing an overdue delivery again (its message was lost)"
+            );
+            let message = DeliveryTask::for_delivery(&delivery).message(cap, Duration::ZERO);
+            services.deliveries.send(vec![message]).await?;
+            report.requeued += 1;
+        }
+        if report.requeued > 0 {
+            services.metrics.deliveries_swept(report.requeued as u64);
+        }
+        Ok(report)
+    }
+    .instrument(info_span!("sweep"))
+    .await
+}
