@@ -604,7 +604,11 @@ pub async fn overdue_deliveries_come_most_overdue_first(store: &dyn Store) {
         ]
     );
     let most = store.overdue_deliveries(t0, 1).await.unwrap();
-    assert_eq!(ids(most), vec![retrying.id], "the limit keeps the most overdue");
+    assert_eq!(
+        ids(most)[..],
+        [retrying.id.clone()][..],
+        "the limit keeps the most overdue"
+    );
 
     let mut delivered = store.get_delivery(&retrying.id).await.unwrap().unwrap();
     delivered.state = DeliveryState::Delivered;
