@@ -302,8 +302,18 @@ pub fn sdk_timeouts() -> aws_config::timeout::TimeoutConfig {
 
 /// The SDK configuration from the environment (`AWS_ENDPOINT_URL` is honoured).
 pub async fn sdk_config() -> aws_config::SdkConfig {
+    sdk_defaults().load().await
+}
+
+/// What every SDK configuration starts from: the timeouts, and the one HTTPS client
+/// (rustls with ring, the TLS stack reqwest already links; the SDK crates are built
+/// without a client of their own).
+pub fn sdk_defaults() -> aws_config::ConfigLoader {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    let client = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
     aws_config::defaults(aws_config::BehaviorVersion::latest())
         .timeout_config(sdk_timeouts())
-        .load()
-        .await
+        .http_client(client)
 }

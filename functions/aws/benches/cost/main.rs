@@ -103,7 +103,7 @@ async fn receiver(fail_first: bool) -> (String, Arc<Mutex<(usize, HashSet<String
 
 async fn run(n: usize, fail_first: bool) -> Run {
     let moto = Moto::start();
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let sdk = entrega_aws::resources::sdk_defaults()
         .endpoint_url(&moto.endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "moto"))

@@ -14,11 +14,10 @@ use tokio::sync::watch;
 
 /// The SDK configured for a test's moto server.
 pub async fn sdk(moto: &Moto) -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
+    entrega_aws::resources::sdk_defaults()
         .endpoint_url(&moto.endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
-        .timeout_config(entrega_aws::resources::sdk_timeouts())
         .load()
         .await
 }
