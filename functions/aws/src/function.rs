@@ -3,21 +3,33 @@
 
 use std::sync::Arc;
 
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 use entrega_core::ports::{Services, Settings, SystemClock, Transport};
 
-use crate::resources::{sdk_config, services_on, AwsClients, AwsResources};
+use crate::resources::{lambda_sdk_config, services_on, AwsClients, AwsResources};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// JSON lines on stdout (CloudWatch Logs), filtered by `RUST_LOG` (default `info`).
+/// JSON lines on stdout (CloudWatch Logs), filtered by `RUST_LOG` (default `info`):
+/// levels per target (`info,entrega_core=debug`). Not the full `EnvFilter` syntax,
+/// whose span and field matching brings a regex engine into every bootstrap.
 pub fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let filter: tracing_subscriber::filter::Targets = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| directives.parse().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing_subscriber::filter::LevelFilter::INFO)
+        });
+    let lines = tracing_subscriber::fmt::layer()
         .json()
-        .with_env_filter(filter)
         .with_current_span(true)
-        .without_time() // CloudWatch stamps each line
+        .without_time(); // CloudWatch stamps each line
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(filter)
         .init();
 }
 
@@ -42,7 +54,7 @@ async fn start(
 ) -> Result<(Services, AwsClients, AwsResources), BoxError> {
     init_logs();
     let resources = AwsResources::from_env()?;
-    let clients = AwsClients::new(&sdk_config().await);
+    let clients = AwsClients::new(&lambda_sdk_config()?);
     let mut services = services_on(&clients, &resources, transport, Arc::new(SystemClock));
     services.settings = settings_from_env();
     Ok((services, clients, resources))

@@ -305,15 +305,57 @@ pub async fn sdk_config() -> aws_config::SdkConfig {
     sdk_defaults().load().await
 }
 
-/// What every SDK configuration starts from: the timeouts, and the one HTTPS client
-/// (rustls with ring, the TLS stack reqwest already links; the SDK crates are built
-/// without a client of their own).
+/// What every SDK configuration starts from: the timeouts, and the one HTTPS client.
 pub fn sdk_defaults() -> aws_config::ConfigLoader {
-    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
-    let client = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
     aws_config::defaults(aws_config::BehaviorVersion::latest())
         .timeout_config(sdk_timeouts())
-        .http_client(client)
+        .http_client(https_client())
+}
+
+/// The SDK's HTTPS client: rustls with ring, the TLS stack reqwest already links (the
+/// SDK crates are built without a client of their own).
+fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https()
+}
+
+/// A Lambda function's SDK configuration. Lambda hands every function its region and
+/// its role's credentials in the environment, so the default chain (profiles, SSO,
+/// web identity through STS, IMDS, containers) is never used there; built without it,
+/// its code (an STS client among it) stays out of the bootstraps.
+pub fn lambda_sdk_config() -> Result<aws_config::SdkConfig, String> {
+    lambda_sdk_config_from(|name| std::env::var(name).ok())
+}
+
+/// [`lambda_sdk_config`] from the variables `var` gives.
+pub fn lambda_sdk_config_from(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<aws_config::SdkConfig, String> {
+    let required = |name: &str| var(name).ok_or_else(|| format!("{name} is not set"));
+    let credentials = aws_credential_types::Credentials::new(
+        required("AWS_ACCESS_KEY_ID")?,
+        required("AWS_SECRET_ACCESS_KEY")?,
+        var("AWS_SESSION_TOKEN"),
+        None,
+        "lambda-environment",
+    );
+    let sleep = aws_smithy_async::rt::sleep::default_async_sleep()
+        .ok_or("no async sleep (the SDK needs tokio's)")?;
+    let mut config = aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(required("AWS_REGION")?))
+        .credentials_provider(
+            aws_credential_types::provider::SharedCredentialsProvider::new(credentials),
+        )
+        .http_client(https_client())
+        .timeout_config(sdk_timeouts())
+        .retry_config(aws_config::retry::RetryConfig::standard())
+        .sleep_impl(sleep)
+        .time_source(aws_smithy_async::time::SharedTimeSource::default());
+    if let Some(url) = var("AWS_ENDPOINT_URL") {
+        config = config.endpoint_url(url);
+    }
+    Ok(config.build())
 }

@@ -114,3 +114,39 @@ async fn provisioning_is_idempotent_and_creates_the_spec() {
         .await
         .expect("the schedule group exists");
 }
+
+/// A Lambda function's SDK configuration (region, credentials and endpoint from the
+/// environment Lambda sets, no default chain) reaches the services; a missing variable
+/// is named.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lambda_sdk_configuration_talks_to_the_services() {
+    let stack =
+        crate::harness::Stack::provisioned(std::sync::Arc::new(entrega_core::ports::SystemClock))
+            .await;
+    let endpoint = stack.sdk.endpoint_url().unwrap().to_owned();
+    let vars = std::collections::HashMap::from([
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "test".to_owned()),
+        ("AWS_SESSION_TOKEN", "token".to_owned()),
+        ("AWS_ENDPOINT_URL", endpoint),
+    ]);
+    let config =
+        entrega_aws::resources::lambda_sdk_config_from(|name| vars.get(name).cloned()).unwrap();
+    let queues = aws_sdk_sqs::Client::new(&config)
+        .list_queues()
+        .send()
+        .await
+        .unwrap();
+    assert!(queues
+        .queue_urls()
+        .iter()
+        .any(|url| *url == stack.resources.delivery_queue_url));
+
+    let without_region = entrega_aws::resources::lambda_sdk_config_from(|name| {
+        (name != "AWS_REGION")
+            .then(|| vars.get(name).cloned())
+            .flatten()
+    });
+    assert_eq!(without_region.unwrap_err(), "AWS_REGION is not set");
+}
