@@ -3,7 +3,7 @@
 //! types they take and return: what the document says is what the code does.
 
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -73,11 +73,20 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
+/// The document as served: derived from the code by [`document`] and committed as
+/// `functions/http/openapi.json` (a test keeps the two equal). Serving the file, the
+/// binaries carry a string instead of the code that derives it, half a megabyte of
+/// every API bootstrap.
+pub const DOCUMENT_JSON: &str = include_str!("../../openapi.json");
+
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
-pub(super) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(document())
+pub(super) async fn openapi_json() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        DOCUMENT_JSON,
+    )
 }
 
 pub fn router() -> Router<AppState> {
@@ -87,6 +96,24 @@ pub fn router() -> Router<AppState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The served file is the document the code derives. When the API changes, write
+    /// it again: `ENTREGA_WRITE_OPENAPI=1 cargo test -p entrega-http openapi`.
+    #[test]
+    fn the_served_document_is_the_derived_one() {
+        let derived = serde_json::to_string_pretty(&document()).unwrap() + "\n";
+        if std::env::var_os("ENTREGA_WRITE_OPENAPI").is_some() {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+            std::fs::write(path, &derived).unwrap();
+            return;
+        }
+        let served: serde_json::Value = serde_json::from_str(DOCUMENT_JSON).unwrap();
+        let derived: serde_json::Value = serde_json::from_str(&derived).unwrap();
+        assert!(
+            served == derived,
+            "functions/http/openapi.json is stale: ENTREGA_WRITE_OPENAPI=1 cargo test -p entrega-http openapi"
+        );
+    }
 
     /// Every path a resource file routes is documented, and nothing else is: the
     /// router and the document cannot drift apart unnoticed.
