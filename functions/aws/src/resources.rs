@@ -254,7 +254,11 @@ pub fn services_on(
     Services {
         store: store.clone(),
         backlog: store.clone(),
-        slots: store,
+        slots: Arc::new(entrega_core::slots::LocalFirstSlots::new(store_on(
+            &clients.dynamo,
+            r,
+            clock.clone(),
+        ))),
         deliveries: Arc::new(SqsQueue::new(
             clients.sqs.clone(),
             r.delivery_queue_url.clone(),

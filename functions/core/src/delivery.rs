@@ -121,20 +121,27 @@ pub struct Delivery {
     pub generation: u32,
     /// What started the current generation.
     pub trigger: Trigger,
+    // The stored record leaves out what is unset (the API has views of its own): a
+    // DynamoDB delivery item, keys and all, stays under the 1 KiB of one write unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_status_code: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// While `Delivering`: until when the attempt in progress may still be running.
     /// Past it, the worker that started it is presumed dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at: Option<DateTime<Utc>>,
     /// Optimistic-concurrency version: every write names the version it read.
     pub version: u64,
     /// Who asked for the current generation when it was a resend (`admin`, or
     /// `tenant:<id>`); `None` for the original schedule.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
 }
 

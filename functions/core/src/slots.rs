@@ -105,3 +105,70 @@ impl EndpointSlots for InProcessSlots {
         Ok(())
     }
 }
+
+/// Slots shared by many processes (`shared`, the store), asked only after this
+/// process's own count allows it: when the process itself already holds an
+/// endpoint's whole cap (a Lambda batch of ten messages to one endpoint capped at
+/// eight), the two left over are known busy without a round trip, and without the
+/// failed conditional writes a shared store bills for.
+pub struct LocalFirstSlots<S> {
+    local: InProcessSlots,
+    shared: S,
+}
+
+impl<S> LocalFirstSlots<S> {
+    pub fn new(shared: S) -> Self {
+        Self {
+            local: InProcessSlots::default(),
+            shared,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: EndpointSlots> EndpointSlots for LocalFirstSlots<S> {
+    async fn acquire(
+        &self,
+        endpoint: &EndpointId,
+        limit: u32,
+        holder: &str,
+        now: DateTime<Utc>,
+        lease: Duration,
+    ) -> StoreResult<Option<SlotLease>> {
+        let Some(local) = self
+            .local
+            .acquire(endpoint, limit, holder, now, lease)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let shared = self
+            .shared
+            .acquire(endpoint, limit, holder, now, lease)
+            .await;
+        if !matches!(shared, Ok(Some(_))) {
+            self.local.release(&local).await?;
+        }
+        shared
+    }
+
+    async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
+        // The local slot is found by holder, whatever its number in the shared store.
+        self.local.release_holder(&lease.endpoint_id, &lease.holder);
+        self.shared.release(lease).await
+    }
+}
+
+impl InProcessSlots {
+    /// Free whichever slot of `endpoint` `holder` holds.
+    fn release_holder(&self, endpoint: &EndpointId, holder: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slots) = held.get_mut(endpoint) {
+            for slot in slots.iter_mut() {
+                if slot.as_ref().is_some_and(|(h, _)| h == holder) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+}

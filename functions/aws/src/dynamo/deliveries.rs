@@ -60,7 +60,7 @@ impl DynamoStore {
                 (keys::BY_DUE.pk.to_owned(), s(keys::due(&d.id))),
                 (
                     keys::BY_DUE.sk.to_owned(),
-                    s(keys::due_sort(due.timestamp_millis(), &d.id)),
+                    s(keys::due_slot(due.timestamp_millis())),
                 ),
             ]);
         }
@@ -326,7 +326,7 @@ impl DeliveryStore for DynamoStore {
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
-        let end = keys::due_slot_end(before.timestamp_millis());
+        let end = keys::due_slot(before.timestamp_millis());
         let mut entries: Vec<Item> = Vec::new();
         // One page per shard is enough: each is asked for the whole limit (keys only, a
         // few bytes each), and the merge keeps the most overdue of them all.

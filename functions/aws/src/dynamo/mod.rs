@@ -36,7 +36,7 @@
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |
 //! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
-//! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..15>`, `sk` = 10-minute slot + id; sparse | Query each shard below the cutoff slot + BatchGet |
+//! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..15>`, `sk` = 10-minute slot; sparse | Query each shard below the cutoff slot + BatchGet |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
 //!

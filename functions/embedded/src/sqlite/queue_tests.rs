@@ -253,5 +253,10 @@ mod conformance {
     #[tokio::test]
     async fn in_process_slots_conform() {
         endpoint_slots_cap_each_endpoint(&entrega_core::slots::InProcessSlots::default()).await;
+        // Layered over another adapter, the promises still hold.
+        endpoint_slots_cap_each_endpoint(&entrega_core::slots::LocalFirstSlots::new(
+            entrega_core::slots::InProcessSlots::default(),
+        ))
+        .await;
     }
 }
