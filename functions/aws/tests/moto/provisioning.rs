@@ -140,8 +140,7 @@ async fn the_lambda_sdk_configuration_talks_to_the_services() {
         .unwrap();
     assert!(queues
         .queue_urls()
-        .iter()
-        .any(|url| *url == stack.resources.delivery_queue_url));
+        .contains(&stack.resources.delivery_queue_url));
 
     let without_region = entrega_aws::resources::lambda_sdk_config_from(|name| {
         (name != "AWS_REGION")
