@@ -2,7 +2,7 @@
 //! sort key is never spelled out anywhere else, so two files cannot disagree on one.
 //!
 //! Base-table items are single records under `pk` (sort key [`super::ONLY`]), except a
-//! delivery's attempts, which share its partition. The four GSIs are generic and
+//! delivery's attempts, which share its partition. The five GSIs are generic and
 //! KEYS_ONLY: an index answers "which items, in what order"; the items themselves are
 //! read from the table ([`super::DynamoStore::fetch_items`]), so a state change never
 //! rewrites an index copy.

@@ -3,7 +3,7 @@
 //! - the **outbox** table (DESIGN.md's producer contract: `pk` = event id, stream with
 //!   NEW_IMAGE) holds events, payload included (stored once: nothing else copies it);
 //! - the **main** table, single-table design, holds everything else under `pk`/`sk`,
-//!   with four generic KEYS_ONLY GSIs for the listings ([`keys`]).
+//!   with five generic KEYS_ONLY GSIs for the listings and the sweeper ([`keys`]).
 //!
 //! Records are stored whole as JSON (the domain types' serde form) beside their keys
 //! and version, so the embedded and AWS stores cannot drift in what they keep.

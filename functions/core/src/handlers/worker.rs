@@ -182,22 +182,14 @@ async fn run_step(
     let store = &services.store;
     let (attempts, sends) = split_actions(&step);
     let read_state = delivery.state;
-    // "Delivering" is persisted *before* sending where it matters: at most once (this
-    // write is the guarantee), or when the step records something (an interrupted
-    // attempt). At least once it is not: a crash mid-attempt then leaves the delivery
-    // as it was, its message comes back and the attempt is made again, which is what
-    // at least once promises; the outcome's write is conditional on the version read
-    // here, so a duplicate message's attempt cannot overwrite another's. One write of
-    // the three a delivery made is saved (a million deliveries, $0.63).
-    let must_persist = endpoint.mode == DeliveryMode::AtMostOnce || !attempts.is_empty() || !sends;
-    let delivery = if must_persist {
-        match store.save_delivery(&step.delivery, &attempts).await {
-            Ok(saved) => saved,
-            Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
-            Err(e) => return Err(e),
-        }
-    } else {
-        step.delivery.clone()
+    // Persisted *before* sending. At most once, this write is the guarantee; at least
+    // once, it is what keeps a duplicate message (a replayed fan-out, a sweep, SQS's
+    // own) from sending the same delivery again while this attempt runs: the other
+    // worker finds the lease (`Skip::Busy`) and, after it, the outcome.
+    let delivery = match store.save_delivery(&step.delivery, &attempts).await {
+        Ok(saved) => saved,
+        Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
+        Err(e) => return Err(e),
     };
     if !sends {
         left_waiting(services, read_state, &delivery).await?;
