@@ -252,7 +252,6 @@ impl Runtime {
         }
     }
 
-    /// The 24-hour rule, checked on a timer so it fires without new failures.
     /// The sweeper, on a timer: the embedded queue shares the store's transactions, so
     /// a lost message would take a bug or a hand-edited database; the sweep is the
     /// same safety net as on AWS, from the same handler.
@@ -267,6 +266,7 @@ impl Runtime {
         }
     }
 
+    /// The 24-hour rule, checked on a timer so it fires without new failures.
     async fn age_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         while !*shutdown.borrow() {
             match check_unacknowledged(&self.services).await {

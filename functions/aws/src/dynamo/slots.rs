@@ -38,7 +38,11 @@ impl EndpointSlots for DynamoStore {
                 .table_name(&self.main_table)
                 .set_key(Some(key(keys::endpoint_slot(endpoint, slot))))
                 .update_expression("SET holder = :holder, lease_until = :until, #ttl = :ttl")
-                .condition_expression("attribute_not_exists(lease_until) OR lease_until <= :now")
+                // Our own holder too: an SDK retry of a write that was applied, but
+                // whose answer was lost, must find the slot ours, not taken.
+                .condition_expression(
+                    "attribute_not_exists(lease_until) OR lease_until <= :now OR holder = :holder",
+                )
                 .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
                 .expression_attribute_values(":holder", s(holder))
                 .expression_attribute_values(":until", n(until.timestamp_millis()))

@@ -15,8 +15,8 @@ use serde_json::json;
 use crate::harness::Stack;
 use crate::support::*;
 
-/// Lambda's SQS event for received messages, each with its receive count.
-fn sqs_event(stack: &Stack, messages: &[aws_sdk_sqs::types::Message]) -> SqsEvent {
+/// Lambda's SQS event for received messages, each received `receives` times.
+fn sqs_event(stack: &Stack, messages: &[aws_sdk_sqs::types::Message], receives: u32) -> SqsEvent {
     let records: Vec<_> = messages
         .iter()
         .map(|m| {
@@ -24,7 +24,7 @@ fn sqs_event(stack: &Stack, messages: &[aws_sdk_sqs::types::Message]) -> SqsEven
                 "messageId": m.message_id().unwrap(),
                 "receiptHandle": m.receipt_handle().unwrap(),
                 "body": m.body().unwrap(),
-                "attributes": {"ApproximateReceiveCount": "1"},
+                "attributes": {"ApproximateReceiveCount": receives.to_string()},
                 "messageAttributes": {}, "md5OfBody": "0", "eventSource": "aws:sqs",
                 "eventSourceARN": stack.resources.delivery_queue_arn, "awsRegion": "us-east-1"
             })
@@ -71,8 +71,8 @@ async fn the_cap_holds_across_two_concurrent_batches() {
 
     // Two invocations at once, three messages each, to an endpoint that takes two.
     let (a, b) = tokio::join!(
-        delivery_batch(&s, sqs_event(&stack, first)),
-        delivery_batch(&s, sqs_event(&stack, second)),
+        delivery_batch(&s, sqs_event(&stack, first, 1)),
+        delivery_batch(&s, sqs_event(&stack, second, 1)),
     );
     assert_eq!(
         receiver.peak_in_flight(),
@@ -102,4 +102,61 @@ async fn the_cap_holds_across_two_concurrent_batches() {
     assert_eq!(receiver.distinct_webhook_ids().len(), 6);
     assert_eq!(receiver.count(), 6, "each delivered once");
     assert_eq!(receiver.peak_in_flight(), CAP as usize);
+}
+
+/// A message that has waited many receives for a busy endpoint is sent again (its
+/// receive count starts over) instead of being hidden once more: waiting for a slot
+/// never walks it into the dead-letter queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_wait_for_a_slot_is_sent_again_not_dead_lettered() {
+    let stack = Stack::provisioned(Arc::new(SystemClock)).await;
+    let s = stack.services.clone();
+    let tenant = tenant(&s).await;
+    let receiver = Receiver::answering(204).await;
+    let ep = Endpoint {
+        max_concurrency: 1,
+        ..Endpoint::new(tenant.clone(), receiver.url("/"), s.clock.now())
+    };
+    s.store.create_endpoint(&ep).await.unwrap();
+    let e = event(&s, &tenant, "a.b", "{}");
+    s.store.publish(&e).await.unwrap();
+    fan_out(&s, &e).await.unwrap();
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let queue = &stack.resources.delivery_queue_url;
+    let received = sqs.receive_message().queue_url(queue).send().await.unwrap();
+    let message = received.messages().to_vec();
+    assert_eq!(message.len(), 1);
+    // Another invocation holds the endpoint's only slot.
+    let held = s
+        .slots
+        .acquire(&ep.id, 1, "other", s.clock.now(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(held.is_some());
+
+    let early = delivery_batch(&s, sqs_event(&stack, &message, 2)).await;
+    assert_eq!(early.batch_item_failures.len(), 1, "hidden briefly, kept");
+    let late = delivery_batch(&s, sqs_event(&stack, &message, 25)).await;
+    assert!(
+        late.batch_item_failures.is_empty(),
+        "done with (Lambda deletes it): a fresh copy carries on"
+    );
+    let fresh = eventually(Duration::from_secs(60), "the fresh copy", || async {
+        let out = sqs
+            .receive_message()
+            .queue_url(queue)
+            .message_system_attribute_names(
+                aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+            )
+            .send()
+            .await
+            .unwrap();
+        out.messages()
+            .iter()
+            .find(|m| m.message_id() != message[0].message_id())
+            .cloned()
+    })
+    .await;
+    assert_eq!(fresh.body(), message[0].body(), "the same task");
+    assert_eq!(receiver.count(), 0, "nothing sent while the slot was taken");
 }

@@ -12,14 +12,16 @@
 //! Idempotent: the worker drops a message for a delivery that has moved on, and two
 //! messages for one delivery make at most one attempt at a time (the delivery lease),
 //! at-most-once included (its "delivering" write). The sweep never writes the delivery
-//! itself, so nothing the API or the worker wrote is undone; a claim per delivery and
-//! version keeps one stuck delivery from being queued again on every run.
+//! itself, so nothing the API or the worker wrote is undone; a claim per delivery keeps
+//! it from being queued again for [`SWEEP_CLAIM`], so a delivery that is only late
+//! (a deep backlog, not a lost message) gains at most one extra message that often.
 
 use std::time::Duration;
 
 use chrono::Duration as ChronoDuration;
 use tracing::{info_span, Instrument};
 
+use crate::delivery::Delivery;
 use crate::ports::{Services, StoreResult};
 
 use super::task::DeliveryTask;
@@ -33,9 +35,10 @@ pub const SWEEP_GRACE: ChronoDuration = ChronoDuration::minutes(15);
 pub const SWEEP_BATCH: usize = 500;
 /// How often the sweeper runs (the AWS schedule's rate and the embedded loop's timer).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(300);
-/// A delivery queued by a sweep is not queued again for this long unless it moves: its
-/// message may simply be waiting behind others.
-pub const SWEEP_CLAIM: Duration = Duration::from_secs(3_600);
+/// A delivery queued by a sweep is not queued again for this long: its message may
+/// simply be waiting behind others, and every extra message follows the delivery
+/// until it finishes (the worker cannot tell the copy from the original).
+pub const SWEEP_CLAIM: Duration = Duration::from_secs(6 * 3_600);
 
 /// What one run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,33 +67,14 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
             if delivery.due_at().is_none_or(|due| due > cutoff) {
                 continue;
             }
-            let claim = format!("sweep:{}:{}", delivery.id, delivery.version);
-            let first = services
-                .store
-                .remember_once(&claim, "queued", SWEEP_CLAIM)
-                .await?
-                .is_none();
-            if !first {
-                continue;
+            // One delivery's failure does not stop the others'.
+            match requeue_once(services, &delivery).await {
+                Ok(true) => report.requeued += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(delivery_id = %delivery.id, error = %e, "could not queue an overdue delivery again; the next sweep retries")
+                }
             }
-            // The cap of the endpoint as it is now; one deleted meanwhile still needs
-            // the message, so that the worker ends its delivery.
-            let cap = services
-                .store
-                .get_endpoint(&delivery.endpoint_id)
-                .await?
-                .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
-                    e.max_concurrency
-                });
-            tracing::warn!(
-                delivery_id = %delivery.id,
-                tenant_id = %delivery.tenant_id,
-                due_at = ?delivery.due_at(),
-                "queueing an overdue delivery again (its message was lost)"
-            );
-            let message = DeliveryTask::for_delivery(&delivery).message(cap, Duration::ZERO);
-            services.deliveries.send(vec![message]).await?;
-            report.requeued += 1;
         }
         if report.requeued > 0 {
             services.metrics.deliveries_swept(report.requeued as u64);
@@ -99,4 +83,43 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
     }
     .instrument(info_span!("sweep"))
     .await
+}
+
+/// Queue `delivery` again unless a sweep did within [`SWEEP_CLAIM`]; whether it did.
+async fn requeue_once(services: &Services, delivery: &Delivery) -> StoreResult<bool> {
+    let claim = format!("sweep:{}", delivery.id);
+    let first = services
+        .store
+        .remember_once(&claim, "queued", SWEEP_CLAIM)
+        .await?
+        .is_none();
+    if !first {
+        return Ok(false);
+    }
+    let sent = async {
+        // The cap of the endpoint as it is now; one deleted meanwhile still needs the
+        // message, so that the worker ends its delivery.
+        let cap = services
+            .store
+            .get_endpoint(&delivery.endpoint_id)
+            .await?
+            .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
+                e.max_concurrency
+            });
+        let message = DeliveryTask::for_delivery(delivery).message(cap, Duration::ZERO);
+        services.deliveries.send(vec![message]).await
+    }
+    .await;
+    if let Err(e) = sent {
+        // Not queued: the next sweep must be free to try again.
+        services.store.forget(&claim).await?;
+        return Err(e);
+    }
+    tracing::warn!(
+        delivery_id = %delivery.id,
+        tenant_id = %delivery.tenant_id,
+        due_at = ?delivery.due_at(),
+        "queued an overdue delivery again (its message was lost)"
+    );
+    Ok(true)
 }

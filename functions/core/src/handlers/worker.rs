@@ -32,6 +32,10 @@ pub const SLOTS_BUSY_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait for a slot. Under a minute, so the wait is a visibility change
 /// and a message comes back soon after its endpoint recovers.
 pub const SLOTS_BUSY_BACKOFF_MAX: Duration = Duration::from_secs(50);
+/// Receives of one message spent waiting for a slot before it is sent again instead
+/// (delayed, the received copy deleted): every receive counts towards the queue's
+/// redrive limit (100), and a long wait for a busy endpoint is not a poison message.
+pub const SLOTS_BUSY_RESEND_AFTER: u32 = 20;
 
 /// What the runtime does with the message after the handler ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,9 +149,14 @@ async fn deliver(
     // The slot is taken before the "delivering" write: a busy endpoint leaves the
     // delivery as it was, and its message comes back later, instead of holding a
     // delivery lease nobody is using.
+    // Unique per ask: a duplicate message's attempt must not release this one's slot,
+    // and a store that retries a write it already applied recognises it as ours.
     let holder = format!(
-        "{}#{}#{}",
-        delivery.id, delivery.generation, delivery.attempt_count
+        "{}#{}#{}#{:016x}",
+        delivery.id,
+        delivery.generation,
+        delivery.attempt_count,
+        rand::random::<u64>()
     );
     let Some(slot) = services
         .slots
@@ -155,11 +164,13 @@ async fn deliver(
         .await?
     else {
         tracing::debug!("every slot of the endpoint is taken");
-        return Ok(Disposition::RetryIn(super::backoff(
-            receive_count,
-            SLOTS_BUSY_BACKOFF,
-            SLOTS_BUSY_BACKOFF_MAX,
-        )));
+        let wait = super::backoff(receive_count, SLOTS_BUSY_BACKOFF, SLOTS_BUSY_BACKOFF_MAX);
+        if receive_count >= SLOTS_BUSY_RESEND_AFTER {
+            let fresh = task.message(endpoint.max_concurrency, wait);
+            services.deliveries.send(vec![fresh]).await?;
+            return Ok(Disposition::Done);
+        }
+        return Ok(Disposition::RetryIn(wait));
     };
     let outcome = run_step(services, task, &endpoint, &delivery, step, &policy).await;
     if let Err(e) = services.slots.release(&slot).await {
