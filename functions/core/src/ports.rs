@@ -414,40 +414,8 @@ pub trait Transport: Send + Sync {
     async fn send(&self, request: &SignedRequest) -> TransportResult;
 }
 
-/// What one attempt measured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttemptMetric {
-    pub tenant_id: TenantId,
-    pub endpoint_id: EndpointId,
-    /// `None` for a success.
-    pub failure: Option<crate::outcome::FailureKind>,
-    pub response_ms: u64,
-    /// Publish → delivered, for the attempt that delivered.
-    pub delivery_latency_ms: Option<u64>,
-}
-
-/// Where measurements go: CloudWatch (Embedded Metric Format) from the Lambdas, a
-/// Prometheus registry in the embedded runtime. Recording never fails or blocks.
-pub trait Metrics: Send + Sync {
-    fn attempt(&self, metric: &AttemptMetric);
-    /// A delivery reached the failures store for this tenant.
-    fn failure(&self, tenant: &TenantId);
-    /// Age of the oldest unacknowledged failure (`None`: there is none).
-    fn oldest_unacknowledged_failure(&self, age: Option<Duration>);
-    /// An outbox item that can never become an event (malformed) was quarantined.
-    fn outbox_item_refused(&self) {}
-    /// The sweeper queued this many deliveries whose message was lost.
-    fn deliveries_swept(&self, _count: u64) {}
-}
-
-/// Metrics that go nowhere (tools that run handlers outside a runtime).
-pub struct NoMetrics;
-
-impl Metrics for NoMetrics {
-    fn attempt(&self, _: &AttemptMetric) {}
-    fn failure(&self, _: &TenantId) {}
-    fn oldest_unacknowledged_failure(&self, _: Option<Duration>) {}
-}
+mod metrics;
+pub use metrics::{AttemptMetric, Metrics, NoMetrics};
 
 /// Tuning the operator sets; the same names on both runtimes.
 #[derive(Debug, Clone, PartialEq, Eq)]

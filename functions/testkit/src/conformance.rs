@@ -9,8 +9,13 @@ use entrega_core::event::Event;
 use entrega_core::failure::{Acknowledgement, Failure, FailureReason, Reacknowledge};
 use entrega_core::ids::{AttemptId, DeliveryId, EndpointId, EventId, FailureId, TenantId};
 use entrega_core::ports::{Published, Store, StoreError};
-use entrega_core::slots::EndpointSlots;
 use entrega_core::tenant::Tenant;
+
+mod overdue;
+mod slots;
+
+pub use overdue::overdue_deliveries_come_most_overdue_first;
+pub use slots::endpoint_slots_cap_each_endpoint;
 
 /// Every promise below, in turn, on one store: what each adapter's suite runs.
 pub async fn every_promise(store: &dyn Store) {
@@ -477,143 +482,4 @@ pub async fn unacknowledged_failures_come_oldest_first(store: &dyn Store) {
         [made[0].clone(), made[2].clone()],
         "the acknowledged one is gone"
     );
-}
-
-/// Endpoint slots: at most `limit` held at once per endpoint, endpoints apart, a
-/// released or expired slot taken again, and a release by a former holder (whose lease
-/// ran out and was taken over) leaving the new holder's slot alone. Every adapter of
-/// [`EndpointSlots`] runs this.
-pub async fn endpoint_slots_cap_each_endpoint(slots: &dyn EndpointSlots) {
-    let lease = std::time::Duration::from_secs(30);
-    let now = Utc::now();
-    let busy = EndpointId::generate();
-    let other = EndpointId::generate();
-    let mut held = Vec::new();
-    // Enough tries that random probing finds every free slot of three.
-    for i in 0..40 {
-        if let Some(l) = slots
-            .acquire(&busy, 3, &format!("h{i}"), now, lease)
-            .await
-            .unwrap()
-        {
-            held.push(l);
-        }
-    }
-    let mut numbers: Vec<u32> = held.iter().map(|l| l.slot).collect();
-    numbers.sort();
-    assert_eq!(numbers, [0, 1, 2], "three slots, each held once");
-    assert!(
-        slots
-            .acquire(&other, 1, "o", now, lease)
-            .await
-            .unwrap()
-            .is_some(),
-        "another endpoint's slots are its own"
-    );
-    slots.release(&held[0]).await.unwrap();
-    let mut again = None;
-    for i in 0..40 {
-        again = slots
-            .acquire(&busy, 3, &format!("again{i}"), now, lease)
-            .await
-            .unwrap();
-        if again.is_some() {
-            break;
-        }
-    }
-    let again = again.expect("a released slot is free again");
-    assert_eq!(again.slot, held[0].slot);
-    assert!(slots
-        .acquire(&busy, 3, "late", now, lease)
-        .await
-        .unwrap()
-        .is_none());
-
-    // Past the leases' end every slot is free, and the holders whose lease ran out
-    // cannot release what a new holder took.
-    let later = now + chrono::Duration::seconds(31);
-    let mut taken_over = Vec::new();
-    for i in 0..40 {
-        if let Some(l) = slots
-            .acquire(&busy, 3, &format!("new{i}"), later, lease)
-            .await
-            .unwrap()
-        {
-            taken_over.push(l);
-        }
-    }
-    assert_eq!(taken_over.len(), 3, "expired leases are taken over");
-    for old in &held {
-        slots.release(old).await.unwrap();
-    }
-    assert!(
-        slots
-            .acquire(&busy, 3, "still-full", later, lease)
-            .await
-            .unwrap()
-            .is_none(),
-        "a former holder's release frees nothing"
-    );
-}
-
-/// The sweeper's question: waiting deliveries (pending, retrying, or delivering under
-/// a lease) due before a time, most overdue first; never a finished or paused one, and
-/// a delivery leaves the answer once it is saved finished.
-pub async fn overdue_deliveries_come_most_overdue_first(store: &dyn Store) {
-    use chrono::TimeZone;
-    use entrega_core::delivery::DeliveryState;
-    // Long ago, so that the other promises' deliveries (due now) are never in the way.
-    let t0 = Utc.with_ymd_and_hms(2001, 1, 1, 12, 0, 0).unwrap();
-    let hours = chrono::Duration::hours;
-    let t = tenant(store).await;
-    let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", t0);
-    let make = |state: DeliveryState, next: Option<i64>, lease: Option<i64>| {
-        let event = Event {
-            id: EventId::generate(),
-            tenant_id: t.clone(),
-            event_type: "a.b".into(),
-            payload: "{}".into(),
-            created_at: t0 - hours(10),
-        };
-        let id = DeliveryId::for_event(&event.id, &endpoint.id, t0.timestamp_millis());
-        let mut d = Delivery::new(id, &event, endpoint.id.clone(), false, t0 - hours(10));
-        d.state = state;
-        d.next_attempt_at = next.map(|h| t0 + hours(h));
-        d.lease_until = lease.map(|h| t0 + hours(h));
-        d
-    };
-    let pending = make(DeliveryState::Pending, Some(-3), None);
-    let retrying = make(DeliveryState::Retrying, Some(-5), None);
-    let delivering = make(DeliveryState::Delivering, None, Some(-2));
-    let later = make(DeliveryState::Retrying, Some(1), None);
-    let finished = make(DeliveryState::Exhausted, None, None);
-    let paused = make(DeliveryState::Paused, Some(-6), None);
-    for d in [&pending, &retrying, &delivering, &later, &finished, &paused] {
-        store.create_delivery_if_absent(d).await.unwrap();
-    }
-    let ids =
-        |found: Vec<Delivery>| -> Vec<DeliveryId> { found.into_iter().map(|d| d.id).collect() };
-
-    let found = store.overdue_deliveries(t0, 100).await.unwrap();
-    assert_eq!(
-        ids(found),
-        [
-            retrying.id.clone(),
-            pending.id.clone(),
-            delivering.id.clone()
-        ]
-    );
-    let most = store.overdue_deliveries(t0, 1).await.unwrap();
-    assert_eq!(
-        ids(most)[..],
-        [retrying.id.clone()][..],
-        "the limit keeps the most overdue"
-    );
-
-    let mut delivered = store.get_delivery(&retrying.id).await.unwrap().unwrap();
-    delivered.state = DeliveryState::Delivered;
-    delivered.next_attempt_at = None;
-    store.save_delivery(&delivered, &[]).await.unwrap();
-    let found = store.overdue_deliveries(t0, 100).await.unwrap();
-    assert_eq!(ids(found), [pending.id.clone(), delivering.id.clone()]);
 }
