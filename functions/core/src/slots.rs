@@ -90,18 +90,7 @@ impl EndpointSlots for InProcessSlots {
     }
 
     async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = held
-            .get_mut(&lease.endpoint_id)
-            .and_then(|slots| slots.get_mut(lease.slot as usize))
-        {
-            if slot
-                .as_ref()
-                .is_some_and(|(holder, _)| *holder == lease.holder)
-            {
-                *slot = None;
-            }
-        }
+        self.release_holder(&lease.endpoint_id, &lease.holder);
         Ok(())
     }
 }
@@ -153,14 +142,15 @@ impl<S: EndpointSlots> EndpointSlots for LocalFirstSlots<S> {
     }
 
     async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
-        // The local slot is found by holder, whatever its number in the shared store.
         self.local.release_holder(&lease.endpoint_id, &lease.holder);
         self.shared.release(lease).await
     }
 }
 
 impl InProcessSlots {
-    /// Free whichever slot of `endpoint` `holder` holds.
+    /// Free whichever slot of `endpoint` `holder` holds (a holder is one ask: the
+    /// worker makes each unique). Found by holder, not number, so [`LocalFirstSlots`]
+    /// frees its local slot with the shared store's lease.
     fn release_holder(&self, endpoint: &EndpointId, holder: &str) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(slots) = held.get_mut(endpoint) {
