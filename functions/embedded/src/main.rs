@@ -113,6 +113,11 @@ struct StorageArgs {
     /// The SQLite database file (`serve` creates it if missing; `admin-key` needs it).
     #[arg(long, env = "ENTREGA_DB", default_value = "./entrega.db")]
     db: PathBuf,
+    /// How SQLite commits are made durable: `full` (each commit on disk before it is
+    /// confirmed; an accepted event survives a power loss) or `normal` (survives a
+    /// crash of the process, not of the machine; faster on slow disks).
+    #[arg(long, env = "ENTREGA_DURABILITY", value_enum, default_value = "full")]
+    durability: entrega_embedded::sqlite::Durability,
     /// Name prefix of the AWS resources (a deployed stack's name).
     #[arg(long, env = "ENTREGA_AWS_PREFIX", default_value = "entrega")]
     aws_prefix: String,
@@ -123,6 +128,7 @@ impl StorageArgs {
         match self.backend {
             BackendKind::Sqlite => Backend::Sqlite {
                 db: self.db.clone(),
+                durability: self.durability,
             },
             BackendKind::Aws => Backend::Aws {
                 prefix: self.aws_prefix.clone(),
@@ -306,7 +312,7 @@ async fn run(command: Command) -> Result<(), BoxError> {
         Command::AdminKey(args) => {
             let key = match args.backend() {
                 // The store alone: a running `serve` on the same file keeps its work.
-                Backend::Sqlite { db } => {
+                Backend::Sqlite { db, durability } => {
                     // A key minted into a new, empty file would be one no server
                     // knows: only an existing database gets one.
                     if !db.exists() {
@@ -317,7 +323,10 @@ async fn run(command: Command) -> Result<(), BoxError> {
                         )
                         .into());
                     }
-                    let store = SqliteStore::new(SqliteDb::open(&db)?, Arc::new(SystemClock));
+                    let store = SqliteStore::new(
+                        SqliteDb::open_with(&db, durability)?,
+                        Arc::new(SystemClock),
+                    );
                     mint_admin_key(&store).await?
                 }
                 Backend::Aws { prefix } => aws_admin_key(&prefix).await?,

@@ -29,7 +29,7 @@ use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
 use crate::runtime::{InlineFanOut, Runtime};
 use crate::sqlite::backlog::EmbeddedBacklog;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
-use crate::sqlite::{SqliteDb, SqliteStore};
+use crate::sqlite::{Durability, SqliteDb, SqliteStore};
 
 /// Shortest admin key accepted from the environment: a short key can be guessed.
 pub const MIN_ADMIN_KEY_LEN: usize = 24;
@@ -39,6 +39,7 @@ pub const MIN_ADMIN_KEY_LEN: usize = 24;
 pub enum Backend {
     Sqlite {
         db: PathBuf,
+        durability: Durability,
     },
     /// AWS services (or an emulator at `AWS_ENDPOINT_URL`), resources named by prefix.
     Aws {
@@ -85,9 +86,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     )?);
     crate::http_server::raise_file_limit();
     match &config.backend {
-        Backend::Sqlite { db } => {
+        Backend::Sqlite { db, durability } => {
             let lock = lock_database(db)?;
-            let (mut services, backlog) = open_sqlite_parts(db, clock, transport).await?;
+            let (mut services, backlog) =
+                open_sqlite_parts(db, *durability, clock, transport).await?;
             if let Some(bytes) = config.max_db_size {
                 backlog.store.db().limit_size(bytes).await?;
             }
@@ -223,7 +225,7 @@ pub async fn open_sqlite(
     clock: Arc<dyn Clock>,
     transport: Arc<HttpTransport>,
 ) -> Result<(Services, SqliteStore), BoxError> {
-    let (services, backlog) = open_sqlite_parts(db, clock, transport).await?;
+    let (services, backlog) = open_sqlite_parts(db, Durability::Full, clock, transport).await?;
     Ok((services, backlog.store))
 }
 
@@ -231,10 +233,11 @@ pub async fn open_sqlite(
 /// backlog gauge that reads them.
 pub async fn open_sqlite_parts(
     db: &std::path::Path,
+    durability: Durability,
     clock: Arc<dyn Clock>,
     transport: Arc<HttpTransport>,
 ) -> Result<(Services, EmbeddedBacklog), BoxError> {
-    let db = SqliteDb::open(db)
+    let db = SqliteDb::open_with(db, durability)
         .map_err(|e| format!("cannot open the database {}: {e}", db.display()))?;
     let store = SqliteStore::new(db.clone(), clock.clone());
     let deliveries = SqliteQueue::open(db.clone(), DELIVERY_QUEUE, clock.clone()).await?;

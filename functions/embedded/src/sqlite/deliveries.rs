@@ -44,11 +44,10 @@ impl DeliveryStore for SqliteStore {
         let d = delivery.clone();
         self.db
             .call(move |conn| {
-                let created = conn.execute(
-                    "INSERT INTO deliveries
+                let created = conn.prepare_cached("INSERT INTO deliveries
                        (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-                     ON CONFLICT (id) DO NOTHING",
+                     ON CONFLICT (id) DO NOTHING")?.execute(
                     params![
                         d.id.as_str(),
                         d.tenant_id.as_str(),
@@ -74,7 +73,7 @@ impl DeliveryStore for SqliteStore {
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
         let id = id.to_string();
-        self.db.call(move |conn| read_delivery(conn, &id)).await
+        self.db.read(move |conn| read_delivery(conn, &id)).await
     }
 
     async fn save_delivery(
@@ -89,19 +88,20 @@ impl DeliveryStore for SqliteStore {
             .call(move |conn| {
                 // The state and the attempts that led to it commit together, so the log
                 // never shows a state without the attempt that explains it.
-                let tx = conn.transaction()?;
-                let n = tx.execute(
-                    "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5
+                let tx = conn.savepoint()?;
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5
                      WHERE id = ?1 AND version = ?6",
-                    params![
+                    )?
+                    .execute(params![
                         next.id.as_str(),
                         next.state.as_str(),
                         next.state.status().as_str(),
                         next.version as i64,
                         serde_json::to_string(&next)?,
                         (next.version - 1) as i64,
-                    ],
-                )?;
+                    ])?;
                 if n == 0 {
                     return Err(DbError::Conflict(format!(
                         "delivery {} changed meanwhile",
@@ -119,7 +119,7 @@ impl DeliveryStore for SqliteStore {
         let attempts = attempts.to_vec();
         self.db
             .call(move |conn| {
-                let tx = conn.transaction()?;
+                let tx = conn.savepoint()?;
                 insert_attempts(&tx, &attempts)?;
                 tx.commit()?;
                 Ok(())
@@ -130,7 +130,7 @@ impl DeliveryStore for SqliteStore {
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut attempts: Vec<Attempt> = json_rows(
                     conn,
                     "SELECT json FROM attempts WHERE delivery_id = ?1",
@@ -145,7 +145,7 @@ impl DeliveryStore for SqliteStore {
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
         let q = query.clone();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut sql = String::from("SELECT json FROM deliveries WHERE 1 = 1");
                 let mut args: Vec<SqlValue> = Vec::new();
                 let mut filter = |clause: &str, value: SqlValue| {
@@ -188,7 +188,7 @@ impl DeliveryStore for SqliteStore {
     ) -> StoreResult<Vec<Delivery>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 read_many(
                     conn,
                     "SELECT json FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2 ORDER BY id",
@@ -206,7 +206,7 @@ impl DeliveryStore for SqliteStore {
     ) -> StoreResult<Vec<Attempt>> {
         let (endpoint, since) = (endpoint.to_string(), ts(since));
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 json_rows(
                     conn,
                     "SELECT json FROM attempts WHERE endpoint_id = ?1 AND started_at >= ?2
@@ -224,7 +224,7 @@ impl DeliveryStore for SqliteStore {
     ) -> StoreResult<Vec<Delivery>> {
         let endpoint = endpoint.to_string();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 read_many(
                     conn,
                     "SELECT json FROM deliveries WHERE endpoint_id = ?1 AND state = 'paused'
@@ -244,7 +244,7 @@ impl DeliveryStore for SqliteStore {
         // the times are, to within a second's fraction digits.
         let before = before.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 read_many(
                     conn,
                     "SELECT json FROM deliveries

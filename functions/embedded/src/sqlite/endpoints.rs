@@ -64,15 +64,14 @@ impl SqliteStore {
         let id = id.to_string();
         self.db
             .call(move |conn| {
-                let n = conn.execute(
-                    &format!(
+                let n = conn
+                    .prepare_cached(&format!(
                         "UPDATE endpoints SET {json} = ?2, {version} = {version} + 1
                          WHERE id = ?1 AND {version} = ?3",
                         json = part.json,
                         version = part.version
-                    ),
-                    params![id, json, expected as i64],
-                )?;
+                    ))?
+                    .execute(params![id, json, expected as i64])?;
                 if n == 0 {
                     return Err(DbError::Conflict(format!(
                         "endpoint {id}: {}",
@@ -95,10 +94,10 @@ impl EndpointStore for SqliteStore {
         );
         self.db
             .call(move |conn| {
-                conn.execute(
+                conn.prepare_cached(
                     "INSERT INTO endpoints (id, tenant_id, json) VALUES (?1, ?2, ?3)",
-                    params![id, tenant, json],
-                )?;
+                )?
+                .execute(params![id, tenant, json])?;
                 Ok(())
             })
             .await
@@ -107,15 +106,12 @@ impl EndpointStore for SqliteStore {
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| {
-                conn.query_row(
-                    &format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"),
-                    [id],
-                    from_row,
-                )
-                .optional()?
-                .map(decode)
-                .transpose()
+            .read(move |conn| {
+                conn.prepare_cached(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"))?
+                    .query_row([id], from_row)
+                    .optional()?
+                    .map(decode)
+                    .transpose()
             })
             .await
     }
@@ -151,7 +147,8 @@ impl EndpointStore for SqliteStore {
         let id = id.to_string();
         self.db
             .call(move |conn| {
-                conn.execute("DELETE FROM endpoints WHERE id = ?1", [id])?;
+                conn.prepare_cached("DELETE FROM endpoints WHERE id = ?1")?
+                    .execute([id])?;
                 Ok(())
             })
             .await
@@ -166,7 +163,7 @@ impl EndpointStore for SqliteStore {
         let tenant = tenant.map(ToString::to_string);
         let cursor = cursor.map(str::to_owned);
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM endpoints
                      WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR id < ?2)
@@ -187,7 +184,7 @@ impl EndpointStore for SqliteStore {
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
         let tenant = tenant.to_string();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM endpoints WHERE tenant_id = ?1"
                 ))?;

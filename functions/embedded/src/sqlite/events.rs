@@ -21,8 +21,7 @@ impl EventStore for SqliteStore {
             .db
             .call(move |conn| {
                 if let Some(limit) = soft_limit {
-                    let used: i64 = conn.query_row(
-                        "SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())",
+                    let used: i64 = conn.prepare_cached("SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())")?.query_row(
                         [],
                         |r| r.get(0),
                     )?;
@@ -34,16 +33,14 @@ impl EventStore for SqliteStore {
                         ));
                     }
                 }
-                let inserted = conn.execute(
-                    "INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (tenant_id, id) DO NOTHING",
+                let inserted = conn.prepare_cached("INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (tenant_id, id) DO NOTHING")?.execute(
                     params![id, tenant, json],
                 )?;
                 if inserted == 1 {
                     return Ok(Published::Created);
                 }
-                let existing: String = conn.query_row(
-                    "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
+                let existing: String = conn.prepare_cached("SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2")?.query_row(
                     [tenant, id],
                     |r| r.get(0),
                 )?;
@@ -59,7 +56,7 @@ impl EventStore for SqliteStore {
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 json_row(
                     conn,
                     "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
@@ -79,9 +76,10 @@ impl EventStore for SqliteStore {
         let after: i64 = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
         let limit = limit.clamp(1, 1000);
         self.db
-            .call(move |conn| {
-                let mut stmt = conn
-                    .prepare("SELECT seq, json FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT seq, json FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )?;
                 let rows = stmt
                     .query_map(params![after, limit as i64], |r| {
                         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
@@ -142,7 +140,7 @@ impl SqliteStore {
         tenants.rotate_left(start);
         let per_tenant = OUTBOX_ROWS_PER_TENANT.min(limit.max(1) as i64);
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
                     "SELECT json FROM outbox WHERE fanned_out = 0 AND tenant_id = ?1
                      ORDER BY seq LIMIT ?2",
@@ -175,11 +173,12 @@ impl SqliteStore {
         let marked = self
             .db
             .call(move |conn| {
-                Ok(conn.execute(
-                    "UPDATE outbox SET fanned_out = 1
+                Ok(conn
+                    .prepare_cached(
+                        "UPDATE outbox SET fanned_out = 1
                      WHERE tenant_id = ?1 AND id = ?2 AND fanned_out = 0",
-                    [tenant, id],
-                )?)
+                    )?
+                    .execute([tenant, id])?)
             })
             .await?;
         if marked == 1 {

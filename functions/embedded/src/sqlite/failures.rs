@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
 use entrega_core::ids::{DeliveryId, FailureId};
 use entrega_core::ports::{CounterStore, FailureStore, Page, StoreResult};
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, OptionalExtension};
 
 /// Failure records one delivery can have read back at once: one per failed generation,
 /// and a delivery resent this often is a loop, not a history.
@@ -20,11 +20,12 @@ impl FailureStore for SqliteStore {
         let (id, tenant) = (failure.id.to_string(), failure.tenant_id.to_string());
         self.db
             .call(move |conn| {
-                let n = conn.execute(
-                    "INSERT INTO failures (id, tenant_id, json) VALUES (?1, ?2, ?3)
+                let n = conn
+                    .prepare_cached(
+                        "INSERT INTO failures (id, tenant_id, json) VALUES (?1, ?2, ?3)
                      ON CONFLICT (id) DO NOTHING",
-                    params![id, tenant, json],
-                )?;
+                    )?
+                    .execute(params![id, tenant, json])?;
                 Ok(n == 1)
             })
             .await
@@ -33,7 +34,7 @@ impl FailureStore for SqliteStore {
     async fn list_failures(&self, q: &FailureQuery) -> StoreResult<Page<Failure>> {
         let q = q.clone();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let data: Vec<Failure> = json_rows(
                     conn,
                     "SELECT json FROM failures
@@ -59,7 +60,7 @@ impl FailureStore for SqliteStore {
     ) -> StoreResult<Page<Failure>> {
         let after = after.map(str::to_owned);
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 // The same condition as the partial index `failures_unacknowledged`.
                 let data: Vec<Failure> = json_rows(
                     conn,
@@ -77,7 +78,7 @@ impl FailureStore for SqliteStore {
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
         let delivery = delivery.to_string();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 // The same expression as the `failures_by_delivery` index, so it is used.
                 json_rows(
                     conn,
@@ -100,11 +101,10 @@ impl FailureStore for SqliteStore {
             .call(move |conn| {
                 // Read and write in one transaction: the write is conditional on what
                 // was read, as no other writer can come between.
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let tx = conn.savepoint()?;
                 let json: Option<String> = tx
-                    .query_row("SELECT json FROM failures WHERE id = ?1", [&id], |r| {
-                        r.get(0)
-                    })
+                    .prepare_cached("SELECT json FROM failures WHERE id = ?1")?
+                    .query_row([&id], |r| r.get(0))
                     .optional()?;
                 let Some(json) = json else { return Ok(None) };
                 let failure: Failure = serde_json::from_str(&json)?;
@@ -112,10 +112,8 @@ impl FailureStore for SqliteStore {
                     return Ok(Some(failure));
                 }
                 let failure = failure.acknowledged(&ack);
-                tx.execute(
-                    "UPDATE failures SET json = ?2 WHERE id = ?1",
-                    params![id, serde_json::to_string(&failure)?],
-                )?;
+                tx.prepare_cached("UPDATE failures SET json = ?2 WHERE id = ?1")?
+                    .execute(params![id, serde_json::to_string(&failure)?])?;
                 tx.commit()?;
                 Ok(Some(failure))
             })
@@ -125,7 +123,7 @@ impl FailureStore for SqliteStore {
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| json_row(conn, "SELECT json FROM failures WHERE id = ?1", [id]))
+            .read(move |conn| json_row(conn, "SELECT json FROM failures WHERE id = ?1", [id]))
             .await
     }
 }
@@ -139,14 +137,15 @@ impl CounterStore for SqliteStore {
         self.db
             .call(move |conn| {
                 // Expired windows are dropped as new ones are counted: no sweeper needed.
-                conn.execute("DELETE FROM counters WHERE expires_at < ?1", [now])?;
-                let value: i64 = conn.query_row(
-                    "INSERT INTO counters (key, value, expires_at) VALUES (?1, 1, ?2)
+                conn.prepare_cached("DELETE FROM counters WHERE expires_at < ?1")?
+                    .execute([now])?;
+                let value: i64 = conn
+                    .prepare_cached(
+                        "INSERT INTO counters (key, value, expires_at) VALUES (?1, 1, ?2)
                      ON CONFLICT (key) DO UPDATE SET value = value + 1
                      RETURNING value",
-                    params![key, expires_at],
-                    |r| r.get(0),
-                )?;
+                    )?
+                    .query_row(params![key, expires_at], |r| r.get(0))?;
                 Ok(value as u64)
             })
             .await
@@ -156,13 +155,12 @@ impl CounterStore for SqliteStore {
         let key = key.to_owned();
         let now = self.clock.now().timestamp();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 Ok(conn
-                    .query_row(
+                    .prepare_cached(
                         "SELECT value FROM remembered WHERE key = ?1 AND expires_at >= ?2",
-                        params![key, now],
-                        |r| r.get(0),
-                    )
+                    )?
+                    .query_row(params![key, now], |r| r.get(0))
                     .optional()?)
             })
             .await
@@ -172,7 +170,8 @@ impl CounterStore for SqliteStore {
         let key = key.to_owned();
         self.db
             .call(move |conn| {
-                conn.execute("DELETE FROM remembered WHERE key = ?1", [key])?;
+                conn.prepare_cached("DELETE FROM remembered WHERE key = ?1")?
+                    .execute([key])?;
                 Ok(())
             })
             .await
@@ -184,27 +183,28 @@ impl CounterStore for SqliteStore {
         let expires_at = now + ttl.as_secs() as i64;
         self.db
             .call(move |conn| {
-                let tx = conn.transaction()?;
-                tx.execute("DELETE FROM remembered WHERE expires_at < ?1", [now])?;
-                let fresh = tx.execute(
-                    "INSERT INTO remembered (key, value, expires_at) VALUES (?1, 'counted', ?2)
+                let tx = conn.savepoint()?;
+                tx.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
+                    .execute([now])?;
+                let fresh = tx
+                    .prepare_cached(
+                        "INSERT INTO remembered (key, value, expires_at) VALUES (?1, 'counted', ?2)
                      ON CONFLICT (key) DO NOTHING",
-                    params![token, expires_at],
-                )? == 1;
+                    )?
+                    .execute(params![token, expires_at])?
+                    == 1;
                 let value: i64 = if fresh {
-                    tx.query_row(
+                    tx.prepare_cached(
                         "INSERT INTO counters (key, value, expires_at) VALUES (?1, 1, ?2)
                          ON CONFLICT (key) DO UPDATE SET value = value + 1
                          RETURNING value",
-                        params![key, expires_at],
-                        |r| r.get(0),
                     )?
+                    .query_row(params![key, expires_at], |r| r.get(0))?
                 } else {
-                    tx.query_row("SELECT value FROM counters WHERE key = ?1", [&key], |r| {
-                        r.get(0)
-                    })
-                    .optional()?
-                    .unwrap_or(0)
+                    tx.prepare_cached("SELECT value FROM counters WHERE key = ?1")?
+                        .query_row([&key], |r| r.get(0))
+                        .optional()?
+                        .unwrap_or(0)
                 };
                 tx.commit()?;
                 Ok(value as u64)
@@ -223,18 +223,18 @@ impl CounterStore for SqliteStore {
         let expires_at = now + ttl.as_secs() as i64;
         self.db
             .call(move |conn| {
-                let tx = conn.transaction()?;
-                tx.execute("DELETE FROM remembered WHERE expires_at < ?1", [now])?;
+                let tx = conn.savepoint()?;
+                tx.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
+                    .execute([now])?;
                 let existing: Option<String> = tx
-                    .query_row("SELECT value FROM remembered WHERE key = ?1", [&key], |r| {
-                        r.get(0)
-                    })
+                    .prepare_cached("SELECT value FROM remembered WHERE key = ?1")?
+                    .query_row([&key], |r| r.get(0))
                     .optional()?;
                 if existing.is_none() {
-                    tx.execute(
+                    tx.prepare_cached(
                         "INSERT INTO remembered (key, value, expires_at) VALUES (?1, ?2, ?3)",
-                        params![key, value, expires_at],
-                    )?;
+                    )?
+                    .execute(params![key, value, expires_at])?;
                 }
                 tx.commit()?;
                 Ok(existing)

@@ -1,11 +1,11 @@
 //! The SQLite adapters: one database file holds the store (tenants, keys, endpoints,
 //! the outbox, deliveries, attempts, failures, counters) and the two queues.
 //!
-//! One connection behind a mutex, used from tokio's blocking pool: SQLite serialises
-//! writers anyway, and a single connection makes every transaction's view simple.
-//! WAL mode keeps readers (`sqlite3` in another shell) from blocking the runtime.
+//! Writes go to one writer thread that commits them in groups; reads go to read-only
+//! connections (see [`db`]).
 
 pub mod backlog;
+mod db;
 mod deliveries;
 mod endpoints;
 mod events;
@@ -15,92 +15,17 @@ pub mod queue;
 mod schema;
 mod tenants;
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use entrega_core::ports::{Clock, StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension};
 
-/// How long a statement waits for a lock held by another connection (an operator's
-/// `sqlite3` shell) before failing.
-const BUSY_TIMEOUT_MS: u32 = 5_000;
-
-/// A handle on the database; cheap to clone.
-#[derive(Clone)]
-pub struct SqliteDb {
-    conn: Arc<Mutex<Connection>>,
-    /// Pages in use past which new events are refused (0: no limit): a share of the
-    /// hard size limit kept free, so what was accepted can still be delivered.
-    publish_pages: Arc<std::sync::atomic::AtomicI64>,
-}
+pub use db::{Durability, SqliteDb};
 
 /// The share of `--max-db-size-mb` new events may fill; the rest is headroom for the
 /// deliveries, attempts and queue rows of what was already accepted.
 const PUBLISH_SHARE: f64 = 0.75;
-
-impl SqliteDb {
-    /// Open (creating if needed) the database at `path` and bring its schema up to date.
-    pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
-        let mut conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS
-        // crash or power loss may lose the last transactions.
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
-        schema::migrate(&mut conn)?;
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-            publish_pages: Arc::default(),
-        })
-    }
-
-    /// Bound the database file to `bytes` (SQLite's `max_page_count`): past it, writes
-    /// fail with "database or disk is full" and the API answers 503, before the disk
-    /// itself fills.
-    pub async fn limit_size(&self, bytes: u64) -> StoreResult<()> {
-        let pages = self
-            .call(move |conn| {
-                let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
-                let pages = (bytes as i64 / page_size.max(512)).max(1);
-                conn.pragma_update(None, "max_page_count", pages)?;
-                Ok(pages)
-            })
-            .await?;
-        self.publish_pages.store(
-            ((pages as f64 * PUBLISH_SHARE) as i64).max(1),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        Ok(())
-    }
-
-    /// Pages in use past which new events are refused, if the size is limited.
-    pub fn publish_page_limit(&self) -> Option<i64> {
-        match self
-            .publish_pages
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            0 => None,
-            n => Some(n),
-        }
-    }
-
-    /// Run `f` on the connection in the blocking pool.
-    pub async fn call<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
-    {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Backend(format!("database task failed: {e}")))?
-        .map_err(StoreError::from)
-    }
-}
 
 /// Errors inside a database call: SQLite's, or a domain conflict.
 #[derive(Debug)]
@@ -141,7 +66,10 @@ fn json_row<T: serde::de::DeserializeOwned>(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Option<T>, DbError> {
-    let json: Option<String> = conn.query_row(sql, params, |r| r.get(0)).optional()?;
+    let json: Option<String> = conn
+        .prepare_cached(sql)?
+        .query_row(params, |r| r.get(0))
+        .optional()?;
     Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
 }
 
@@ -151,7 +79,7 @@ fn json_rows<T: serde::de::DeserializeOwned>(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<T>, DbError> {
-    let mut stmt = conn.prepare(sql)?;
+    let mut stmt = conn.prepare_cached(sql)?;
     let rows = stmt
         .query_map(params, |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
@@ -201,7 +129,7 @@ impl SqliteStore {
         let rows = self
             .db
             .call(|conn| {
-                let mut stmt = conn.prepare(
+                let mut stmt = conn.prepare_cached(
                     "SELECT tenant_id, COUNT(*) FROM outbox WHERE fanned_out = 0 GROUP BY tenant_id",
                 )?;
                 let rows = stmt
@@ -230,11 +158,12 @@ impl SqliteStore {
     pub async fn release_dead_leases(&self) -> StoreResult<usize> {
         self.db
             .call(|conn| {
-                Ok(conn.execute(
-                    "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null'))
+                Ok(conn
+                    .prepare_cached(
+                        "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null'))
                      WHERE state = 'delivering'",
-                    [],
-                )?)
+                    )?
+                    .execute([])?)
             })
             .await
     }

@@ -65,7 +65,7 @@ impl SqliteQueue {
         let now = millis(clock.now());
         let rows = db
             .call(move |conn| {
-                let mut stmt = conn.prepare(
+                let mut stmt = conn.prepare_cached(
                     "SELECT id, grp, ckey, climit,
                             CASE WHEN in_flight = 1 THEN MIN(visible_at, ?2) ELSE visible_at END
                      FROM queue WHERE queue = ?1 ORDER BY id",
@@ -144,7 +144,7 @@ impl MessageQueue for SqliteQueue {
         let ids = self
             .db
             .call(move |conn| {
-                let tx = conn.transaction()?;
+                let tx = conn.savepoint()?;
                 let mut ids = Vec::with_capacity(messages.len());
                 {
                     let mut stmt = tx.prepare_cached(
@@ -192,7 +192,7 @@ impl MessageQueue for SqliteQueue {
         let wanted: Vec<i64> = handouts.iter().map(|h| h.id).collect();
         let bodies = self
             .db
-            .call(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached("SELECT body FROM queue WHERE id = ?1")?;
                 let mut bodies = Vec::with_capacity(wanted.len());
                 for id in wanted {
@@ -229,10 +229,8 @@ impl MessageQueue for SqliteQueue {
         // message back early, which the worker checks against the delivery anyway).
         self.db
             .call(move |conn| {
-                conn.execute(
-                    "UPDATE queue SET visible_at = ?2 WHERE id = ?1",
-                    params![id, visible_at],
-                )?;
+                conn.prepare_cached("UPDATE queue SET visible_at = ?2 WHERE id = ?1")?
+                    .execute(params![id, visible_at])?;
                 Ok(())
             })
             .await
@@ -249,7 +247,8 @@ impl MessageQueue for SqliteQueue {
         self.work.notify_one();
         self.db
             .call(move |conn| {
-                conn.execute("DELETE FROM queue WHERE id = ?1", [id])?;
+                conn.prepare_cached("DELETE FROM queue WHERE id = ?1")?
+                    .execute([id])?;
                 Ok(())
             })
             .await

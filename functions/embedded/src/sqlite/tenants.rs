@@ -17,22 +17,18 @@ impl TenantStore for SqliteStore {
         self.db
             .call(move |conn| {
                 // The tenant and its key commit together: no tenant without a way in.
-                let tx = conn.transaction()?;
-                tx.execute(
-                    "INSERT INTO tenants (id, json) VALUES (?1, ?2)",
-                    params![id, json],
-                )
-                .map_err(|e| {
-                    if is_unique_violation(&e) {
-                        DbError::Conflict(format!("tenant {id} exists"))
-                    } else {
-                        e.into()
-                    }
-                })?;
-                tx.execute(
-                    "INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)",
-                    params![hash, principal],
-                )?;
+                let tx = conn.savepoint()?;
+                tx.prepare_cached("INSERT INTO tenants (id, json) VALUES (?1, ?2)")?
+                    .execute(params![id, json])
+                    .map_err(|e| {
+                        if is_unique_violation(&e) {
+                            DbError::Conflict(format!("tenant {id} exists"))
+                        } else {
+                            e.into()
+                        }
+                    })?;
+                tx.prepare_cached("INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)")?
+                    .execute(params![hash, principal])?;
                 tx.commit()?;
                 Ok(())
             })
@@ -42,14 +38,14 @@ impl TenantStore for SqliteStore {
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
         let id = id.to_string();
         self.db
-            .call(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
+            .read(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
             .await
     }
 
     async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
         let cursor = cursor.map(str::to_owned);
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 let data: Vec<Tenant> = json_rows(
                     conn,
                     "SELECT json FROM tenants WHERE (?1 IS NULL OR id < ?1)
@@ -66,11 +62,11 @@ impl TenantStore for SqliteStore {
         let hash = api_key_hash.to_owned();
         self.db
             .call(move |conn| {
-                conn.execute(
+                conn.prepare_cached(
                     "INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)
                      ON CONFLICT (hash) DO UPDATE SET principal = excluded.principal",
-                    params![hash, principal],
-                )?;
+                )?
+                .execute(params![hash, principal])?;
                 Ok(())
             })
             .await
@@ -79,7 +75,7 @@ impl TenantStore for SqliteStore {
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
         let hash = api_key_hash.to_owned();
         self.db
-            .call(move |conn| {
+            .read(move |conn| {
                 json_row(
                     conn,
                     "SELECT principal FROM api_keys WHERE hash = ?1",
@@ -92,12 +88,10 @@ impl TenantStore for SqliteStore {
     async fn has_admin_key(&self) -> StoreResult<bool> {
         let admin = serde_json::to_string(&Principal::Admin).expect("a principal serialises");
         self.db
-            .call(move |conn| {
-                Ok(conn.query_row(
-                    "SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = ?1)",
-                    [admin],
-                    |r| r.get(0),
-                )?)
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached("SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = ?1)")?
+                    .query_row([admin], |r| r.get(0))?)
             })
             .await
     }

@@ -1,0 +1,312 @@
+//! End-to-end benchmark of the embedded runtime: the real `entrega serve` binary on a
+//! fresh database, a loopback receiver answering 204, and in one run:
+//!
+//! 1. the bare client: `reqwest` POSTing the same 1 KiB body to the same receiver at
+//!    the same concurrency (the ceiling for this machine);
+//! 2. publish → delivered latency at low load (one event at a time);
+//! 3. throughput: N events published over the API by [`PUBLISHERS`] connections to one
+//!    endpoint (`max_concurrency` [`ENDPOINT_CONCURRENCY`]): publish rate, delivered
+//!    rate, latency under load, and the server's peak RSS.
+//!
+//! Figures are printed, never asserted (the machine is shared). Run with
+//! `cargo bench -p entrega-embedded --bench e2e`; `ENTREGA_BENCH_EVENTS` sets N
+//! (default [`DEFAULT_EVENTS`]), `ENTREGA_BENCH_FLAGS` adds `serve` flags (for example
+//! `--durability normal`).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{json, Value};
+
+const DEFAULT_EVENTS: usize = 20_000;
+const PUBLISHERS: usize = 32;
+const ENDPOINT_CONCURRENCY: u32 = 64;
+const LOW_LOAD_EVENTS: usize = 300;
+const ADMIN_KEY: &str = "admin_key_for_bench_0123456789abcdef";
+/// How long the throughput run may take before the bench gives up.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+/// Arrival instants by `webhook-id`, and a count of every request.
+#[derive(Default)]
+struct Arrivals {
+    at: Mutex<HashMap<String, Instant>>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+async fn start_receiver() -> (String, Arc<Arrivals>) {
+    let arrivals = Arc::new(Arrivals::default());
+    let seen = arrivals.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap, _body: String| {
+        let seen = seen.clone();
+        async move {
+            if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
+                seen.at
+                    .lock()
+                    .unwrap()
+                    .entry(id.to_owned())
+                    .or_insert_with(Instant::now);
+            }
+            seen.count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            StatusCode::NO_CONTENT
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, arrivals)
+}
+
+fn payload() -> Value {
+    // About 1 KiB of JSON, as the issue's measurements used.
+    json!({"type": "bench.event", "data": {"pad": "x".repeat(990)}})
+}
+
+/// `count` POSTs of the 1 KiB body at `concurrency`: requests per second.
+async fn bare_client(url: &str, count: usize, concurrency: usize) -> f64 {
+    let client = reqwest::Client::new();
+    let body = serde_json::to_vec(&payload()).unwrap();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (client, body, next, url) =
+            (client.clone(), body.clone(), next.clone(), url.to_owned());
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 204);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    count as f64 / started.elapsed().as_secs_f64()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    _dir: TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn start_server(extra: &[String]) -> Server {
+    let dir = std::env::temp_dir().join(format!("entrega-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir(dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.0.join("entrega.db"))
+        .args(["--allow-target", "127.0.0.0/8", "--allow-http"])
+        .args(["--api-rate-limit", "10000000", "--max-backlog", "10000000"])
+        .args(extra)
+        .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the entrega binary starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("a listen line")
+        .to_owned();
+    Server {
+        child,
+        base: format!("http://{addr}"),
+        _dir: dir,
+    }
+}
+
+async fn post(client: &reqwest::Client, url: String, key: &str, body: &Value) -> (u16, Value) {
+    let resp = client
+        .post(url)
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// A tenant with one endpoint at `url`; its API key.
+async fn set_up(server: &Server, url: &str) -> String {
+    let client = reqwest::Client::new();
+    let (status, tenant) = post(
+        &client,
+        format!("{}/v1/tenants", server.base),
+        ADMIN_KEY,
+        &json!({"name": "Bench", "owner_email": "owner@example.com"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{tenant}");
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let (status, endpoint) = post(
+        &client,
+        format!("{}/v1/endpoints", server.base),
+        &key,
+        &json!({"url": url, "max_concurrency": ENDPOINT_CONCURRENCY}),
+    )
+    .await;
+    assert_eq!(status, 201, "{endpoint}");
+    key
+}
+
+/// Publish event `id`; the instant just before the request.
+async fn publish(client: &reqwest::Client, base: &str, key: &str, id: &str) -> Instant {
+    let mut body = payload();
+    body["id"] = json!(id);
+    let started = Instant::now();
+    let (status, answer) = post(client, format!("{base}/v1/events"), key, &body).await;
+    assert_eq!(status, 202, "{answer}");
+    started
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn latencies(published: &HashMap<String, Instant>, arrivals: &Arrivals) -> Vec<Duration> {
+    let at = arrivals.at.lock().unwrap();
+    let mut all: Vec<Duration> = published
+        .iter()
+        .filter_map(|(id, sent)| at.get(id).map(|got| got.duration_since(*sent)))
+        .collect();
+    all.sort();
+    all
+}
+
+fn peak_rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn wait_for(arrivals: &Arrivals, ids: &[String]) {
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    loop {
+        let missing = {
+            let at = arrivals.at.lock().unwrap();
+            ids.iter().filter(|id| !at.contains_key(*id)).count()
+        };
+        if missing == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{missing} events not delivered");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let events: usize = std::env::var("ENTREGA_BENCH_EVENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_EVENTS);
+    let flags: Vec<String> = std::env::var("ENTREGA_BENCH_FLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let (url, arrivals) = start_receiver().await;
+
+    let bare = bare_client(&url, events, ENDPOINT_CONCURRENCY as usize).await;
+    println!("bare client: {bare:.0} requests/s ({events} POSTs of 1 KiB, concurrency {ENDPOINT_CONCURRENCY})");
+
+    let server = start_server(&flags);
+    let key = set_up(&server, &url).await;
+    let client = reqwest::Client::new();
+
+    // Low load: one event at a time, each waited for.
+    let mut published = HashMap::new();
+    for n in 0..LOW_LOAD_EVENTS {
+        let id = format!("low-{n}");
+        let sent = publish(&client, &server.base, &key, &id).await;
+        wait_for(&arrivals, std::slice::from_ref(&id)).await;
+        published.insert(id, sent);
+    }
+    let low = latencies(&published, &arrivals);
+    println!(
+        "low load: publish -> delivered p50 {:.2} ms, p99 {:.2} ms ({} events, one at a time)",
+        percentile(&low, 0.5).as_secs_f64() * 1e3,
+        percentile(&low, 0.99).as_secs_f64() * 1e3,
+        low.len()
+    );
+
+    // Throughput.
+    let ids: Vec<String> = (0..events).map(|n| format!("load-{n}")).collect();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent_at = Arc::new(Mutex::new(HashMap::new()));
+    let started = Instant::now();
+    let mut publishers = Vec::new();
+    for _ in 0..PUBLISHERS {
+        let (client, base, key) = (client.clone(), server.base.clone(), key.clone());
+        let (ids, next, sent_at) = (ids.clone(), next.clone(), sent_at.clone());
+        publishers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(id) = ids.get(n) else { break };
+                let sent = publish(&client, &base, &key, id).await;
+                sent_at.lock().unwrap().insert(id.clone(), sent);
+            }
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let publish_secs = started.elapsed().as_secs_f64();
+    wait_for(&arrivals, &ids).await;
+    let total_secs = started.elapsed().as_secs_f64();
+    let loaded = latencies(&sent_at.lock().unwrap(), &arrivals);
+    println!(
+        "throughput: published {:.0}/s, delivered {:.0}/s ({events} events, {PUBLISHERS} publishers); \
+         under load p50 {:.1} ms, p99 {:.1} ms",
+        events as f64 / publish_secs,
+        events as f64 / total_secs,
+        percentile(&loaded, 0.5).as_secs_f64() * 1e3,
+        percentile(&loaded, 0.99).as_secs_f64() * 1e3,
+    );
+    println!(
+        "delivered / bare client: {:.1} %; server peak RSS {:.0} MB",
+        100.0 * events as f64 / total_secs / bare,
+        peak_rss_mb(server.child.id())
+    );
+}

@@ -1,0 +1,339 @@
+//! The connection strategy: one writer thread that commits many callers' writes in
+//! one transaction (group commit), and a small pool of read-only connections that
+//! never queue behind it (WAL lets readers see the last commit while a write runs).
+//!
+//! Why one writer: SQLite serialises writers anyway, and a transaction per caller
+//! pays a commit (an fsync, with full durability) per caller. Callers that arrive
+//! while a commit runs are queued and go into the next transaction together, so under
+//! load one fsync covers a whole group, and at low load a lone write commits at once
+//! (nothing waits for a group to fill). Each caller's work runs in its own savepoint:
+//! a caller whose work fails is rolled back alone, and nobody is told "done" before
+//! the transaction holding their work has committed.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use entrega_core::ports::{StoreError, StoreResult};
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{schema, DbError};
+
+/// How long a statement waits for a lock held by another connection (an operator's
+/// `sqlite3` shell) before failing.
+const BUSY_TIMEOUT_MS: u32 = 5_000;
+/// Writes committed together at most: bounds how long the first caller of a group
+/// waits for the others' work, and the size of one transaction.
+const MAX_GROUP: usize = 256;
+/// Writes queued for the writer at most; past it callers wait (backpressure) rather
+/// than grow memory without bound.
+const WRITE_QUEUE: usize = 4_096;
+/// Read-only connections: enough that the API's reads and the workers' reads run
+/// beside each other on two cores.
+const READERS: usize = 4;
+/// Page cache per connection (KiB): the hot working set (queue, recent deliveries and
+/// their indexes) stays in memory instead of being read back with `pread`.
+const CACHE_KIB: i64 = 32 * 1024;
+/// Memory-mapped I/O: reads of pages not in the cache are served from the OS page
+/// cache without a system call each.
+const MMAP_BYTES: i64 = 256 * 1024 * 1024;
+/// Prepared statements kept per connection (every statement the store uses fits).
+const STATEMENT_CACHE: usize = 128;
+
+/// How a commit is made durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// Every commit is on disk before it is confirmed (`synchronous=FULL`): an accepted
+    /// event survives a power loss. The default; group commit makes it cheap.
+    #[default]
+    Full,
+    /// Commits survive a crash of the process (`kill -9`), but the last ones may be
+    /// lost if the machine loses power (`synchronous=NORMAL` in WAL mode).
+    Normal,
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Normal => "NORMAL",
+        }
+    }
+}
+
+/// One caller's write, run by the writer thread inside the group's transaction.
+trait WriteJob: Send {
+    /// Run the work in its own savepoint; its result waits for the commit.
+    fn run(&mut self, conn: &mut Connection);
+    /// The group's transaction ended: tell the caller (`Err` if it did not commit).
+    fn finish(self: Box<Self>, committed: Result<(), String>);
+}
+
+struct Job<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, DbError>>,
+    reply: oneshot::Sender<Result<T, DbError>>,
+}
+
+impl<T, F> WriteJob for Job<T, F>
+where
+    T: Send,
+    F: FnOnce(&mut Connection) -> Result<T, DbError> + Send,
+{
+    fn run(&mut self, conn: &mut Connection) {
+        let Some(work) = self.work.take() else { return };
+        let result = match conn.execute_batch("SAVEPOINT job") {
+            Err(e) => Err(DbError::Sql(e)),
+            Ok(()) => {
+                let result = work(conn);
+                let end = if result.is_ok() {
+                    "RELEASE job"
+                } else {
+                    "ROLLBACK TO job; RELEASE job"
+                };
+                match conn.execute_batch(end) {
+                    Ok(()) => result,
+                    Err(e) => Err(DbError::Sql(e)),
+                }
+            }
+        };
+        self.result = Some(result);
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), String>) {
+        let result = match (committed, self.result) {
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(DbError::Full("write was not run".into())),
+            (Err(why), _) => Err(DbError::Sql(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(format!("commit failed: {why}")),
+            ))),
+        };
+        // A caller that stopped waiting (its request was cancelled) is not an error:
+        // its work is committed either way, as with any write.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// Read-only connections, each used by one blocking task at a time.
+struct Readers {
+    idle: Mutex<Vec<Connection>>,
+    freed: Condvar,
+}
+
+impl Readers {
+    fn take(&self) -> Connection {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(conn) = idle.pop() {
+                return conn;
+            }
+            idle = self.freed.wait(idle).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
+        self.freed.notify_one();
+    }
+}
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct SqliteDb {
+    writes: mpsc::Sender<Box<dyn WriteJob>>,
+    readers: Arc<Readers>,
+    path: Arc<PathBuf>,
+    /// Pages in use past which new events are refused (0: no limit): a share of the
+    /// hard size limit kept free, so what was accepted can still be delivered.
+    publish_pages: Arc<std::sync::atomic::AtomicI64>,
+}
+
+fn tune(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
+    conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(())
+}
+
+impl SqliteDb {
+    /// Open (creating if needed) the database at `path` with full durability and
+    /// bring its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
+        Self::open_with(path, Durability::Full)
+    }
+
+    /// Open with the given durability.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Self, rusqlite::Error> {
+        let mut conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", durability.pragma())?;
+        tune(&conn)?;
+        schema::migrate(&mut conn)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let reader = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            tune(&reader)?;
+            readers.push(reader);
+        }
+        let (writes, queued) = mpsc::channel(WRITE_QUEUE);
+        std::thread::Builder::new()
+            .name("entrega-sqlite-writer".into())
+            .spawn(move || write_loop(conn, queued))
+            .map_err(|e| {
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                    Some(format!("cannot start the writer thread: {e}")),
+                )
+            })?;
+        Ok(Self {
+            writes,
+            readers: Arc::new(Readers {
+                idle: Mutex::new(readers),
+                freed: Condvar::new(),
+            }),
+            path: Arc::new(path.to_owned()),
+            publish_pages: Arc::default(),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bound the database file to `bytes` (SQLite's `max_page_count`): past it, writes
+    /// fail with "database or disk is full" and the API answers 503, before the disk
+    /// itself fills.
+    pub async fn limit_size(&self, bytes: u64) -> StoreResult<()> {
+        let pages = self
+            .call(move |conn| {
+                let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+                let pages = (bytes as i64 / page_size.max(512)).max(1);
+                conn.pragma_update(None, "max_page_count", pages)?;
+                Ok(pages)
+            })
+            .await?;
+        self.publish_pages.store(
+            ((pages as f64 * super::PUBLISH_SHARE) as i64).max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// Pages in use past which new events are refused, if the size is limited.
+    pub fn publish_page_limit(&self) -> Option<i64> {
+        match self
+            .publish_pages
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// Run `f` on the writer's connection, in the next group's transaction; returns
+    /// once that transaction has committed. `f` may write; it must not begin or end a
+    /// transaction itself (a savepoint is fine).
+    pub async fn call<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: Box<dyn WriteJob> = Box::new(Job {
+            work: Some(f),
+            result: None,
+            reply,
+        });
+        self.writes
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?
+            .map_err(StoreError::from)
+    }
+
+    /// Run `f` on a read-only connection: it sees every write whose `call` has
+    /// returned, and does not wait for writes in progress.
+    pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = readers.take();
+            let result = f(&conn);
+            readers.give_back(conn);
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
+        .map_err(StoreError::from)
+    }
+}
+
+/// The writer thread: take what is queued (at most [`MAX_GROUP`]), run each in its own
+/// savepoint inside one transaction, commit once, then answer every caller.
+fn write_loop(mut conn: Connection, mut queued: mpsc::Receiver<Box<dyn WriteJob>>) {
+    let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
+    while let Some(first) = queued.blocking_recv() {
+        group.push(first);
+        while group.len() < MAX_GROUP {
+            match queued.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        while !group.is_empty() {
+            commit_some(&mut conn, &mut group);
+        }
+    }
+}
+
+/// Run jobs from the front of `group` in one transaction and answer them. Usually
+/// that is all of them; but if SQLite rolls the transaction back by itself (a full
+/// disk, an I/O error), the jobs run so far are answered with the failure and the
+/// rest are left for a transaction of their own, so none is confirmed unless its work
+/// was committed and none runs outside a transaction.
+fn commit_some(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let why = e.to_string();
+        for job in group.drain(..) {
+            job.finish(Err(why.clone()));
+        }
+        return;
+    }
+    let mut ran = 0;
+    let mut aborted = false;
+    for job in group.iter_mut() {
+        job.run(conn);
+        ran += 1;
+        if conn.is_autocommit() {
+            aborted = true;
+            break;
+        }
+    }
+    let committed = if aborted {
+        Err("the transaction was rolled back by the database".to_owned())
+    } else {
+        conn.execute_batch("COMMIT").map_err(|e| {
+            // Nothing of the group is kept: every caller hears it failed.
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        })
+    };
+    for job in group.drain(..ran) {
+        job.finish(committed.clone());
+    }
+}
