@@ -122,6 +122,11 @@ struct Readers {
 }
 
 impl Readers {
+    /// An idle connection, if there is one, without waiting.
+    fn try_take(&self) -> Option<Connection> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
     fn take(&self) -> Connection {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -263,8 +268,57 @@ impl SqliteDb {
             .map_err(StoreError::from)
     }
 
-    /// Run `f` on a read-only connection: it sees every write whose `call` has
-    /// returned, and does not wait for writes in progress.
+    /// Queue a write whose loss in a crash costs nothing but some repeated work (a
+    /// queue row deleted after its outcome is recorded, a retry delay persisted) and
+    /// return without waiting for it: it commits with the next group, and the caller
+    /// saves a round trip to the writer thread. A failure is logged, not returned.
+    pub fn call_detached<F>(&self, what: &'static str, f: F)
+    where
+        F: FnOnce(&mut Connection) -> Result<(), DbError> + Send + 'static,
+    {
+        let (reply, _) = oneshot::channel();
+        let work = move |conn: &mut Connection| {
+            if let Err(e) = f(conn) {
+                tracing::debug!(error = ?e, what, "a detached write failed; it is redone later");
+            }
+            Ok(())
+        };
+        let job: Box<dyn WriteJob> = Box::new(Job {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        if let Err(mpsc::error::TrySendError::Full(job)) = self.writes.try_send(job) {
+            // The writer is behind: wait for room off this task rather than drop it.
+            let writes = self.writes.clone();
+            tokio::spawn(async move {
+                let _ = writes.send(job).await;
+            });
+        }
+    }
+
+    /// Run a point read (one row by key, a handful of rows) on a read-only connection
+    /// right here, on the calling thread: it takes microseconds from the page cache,
+    /// less than handing it to another thread and back would cost. When every reader
+    /// is busy it goes to the blocking pool like [`Self::read`].
+    pub async fn get<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        match self.readers.try_take() {
+            Some(conn) => {
+                let result = f(&conn);
+                self.readers.give_back(conn);
+                result.map_err(StoreError::from)
+            }
+            None => self.read(f).await,
+        }
+    }
+
+    /// Run `f` on a read-only connection in the blocking pool (listings and scans,
+    /// which may take long enough to hold up other tasks): it sees every write whose
+    /// `call` has returned, and does not wait for writes in progress.
     pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,

@@ -73,7 +73,7 @@ impl DeliveryStore for SqliteStore {
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
         let id = id.to_string();
-        self.db.read(move |conn| read_delivery(conn, &id)).await
+        self.db.get(move |conn| read_delivery(conn, &id)).await
     }
 
     async fn save_delivery(
@@ -130,7 +130,7 @@ impl DeliveryStore for SqliteStore {
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
         let id = id.to_string();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 let mut attempts: Vec<Attempt> = json_rows(
                     conn,
                     "SELECT json FROM attempts WHERE delivery_id = ?1",

@@ -106,7 +106,7 @@ impl EndpointStore for SqliteStore {
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
         let id = id.to_string();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 conn.prepare_cached(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"))?
                     .query_row([id], from_row)
                     .optional()?
@@ -184,7 +184,7 @@ impl EndpointStore for SqliteStore {
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
         let tenant = tenant.to_string();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM endpoints WHERE tenant_id = ?1"
                 ))?;

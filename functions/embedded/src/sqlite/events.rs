@@ -56,7 +56,7 @@ impl EventStore for SqliteStore {
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 json_row(
                     conn,
                     "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
@@ -168,22 +168,25 @@ impl SqliteStore {
     }
 
     /// Record that `event` has been fanned out (after its deliveries are queued).
+    /// Nobody waits for it: if a crash loses it, the outbox poller fans the event out
+    /// again, which finds its deliveries made and queues nothing new.
     pub async fn mark_fanned_out(&self, event: &Event) -> StoreResult<()> {
-        let (tenant, id) = (event.tenant_id.to_string(), event.id.to_string());
-        let marked = self
-            .db
-            .call(move |conn| {
-                Ok(conn
+        let tenant = event.tenant_id.clone();
+        let id = event.id.to_string();
+        let pending = self.outbox_pending.clone();
+        self.db
+            .call_detached("mark an event fanned out", move |conn| {
+                let marked = conn
                     .prepare_cached(
                         "UPDATE outbox SET fanned_out = 1
                      WHERE tenant_id = ?1 AND id = ?2 AND fanned_out = 0",
                     )?
-                    .execute([tenant, id])?)
-            })
-            .await?;
-        if marked == 1 {
-            self.outbox_pending.add(&event.tenant_id, -1);
-        }
+                    .execute([tenant.to_string(), id])?;
+                if marked == 1 {
+                    pending.add(&tenant, -1);
+                }
+                Ok(())
+            });
         Ok(())
     }
 }

@@ -78,7 +78,7 @@ impl FailureStore for SqliteStore {
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
         let delivery = delivery.to_string();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 // The same expression as the `failures_by_delivery` index, so it is used.
                 json_rows(
                     conn,
@@ -123,7 +123,7 @@ impl FailureStore for SqliteStore {
     async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
         let id = id.to_string();
         self.db
-            .read(move |conn| json_row(conn, "SELECT json FROM failures WHERE id = ?1", [id]))
+            .get(move |conn| json_row(conn, "SELECT json FROM failures WHERE id = ?1", [id]))
             .await
     }
 }
@@ -155,7 +155,7 @@ impl CounterStore for SqliteStore {
         let key = key.to_owned();
         let now = self.clock.now().timestamp();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 Ok(conn
                     .prepare_cached(
                         "SELECT value FROM remembered WHERE key = ?1 AND expires_at >= ?2",

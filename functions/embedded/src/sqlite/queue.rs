@@ -192,7 +192,7 @@ impl MessageQueue for SqliteQueue {
         let wanted: Vec<i64> = handouts.iter().map(|h| h.id).collect();
         let bodies = self
             .db
-            .read(move |conn| {
+            .get(move |conn| {
                 let mut stmt = conn.prepare_cached("SELECT body FROM queue WHERE id = ?1")?;
                 let mut bodies = Vec::with_capacity(wanted.len());
                 for id in wanted {
@@ -226,14 +226,15 @@ impl MessageQueue for SqliteQueue {
         }
         self.work.notify_one();
         // Persisted so a retry delay outlives a restart (a lost one only brings the
-        // message back early, which the worker checks against the delivery anyway).
+        // message back early, which the worker checks against the delivery anyway), so
+        // nobody waits for it.
         self.db
-            .call(move |conn| {
+            .call_detached("persist a visibility change", move |conn| {
                 conn.prepare_cached("UPDATE queue SET visible_at = ?2 WHERE id = ?1")?
                     .execute(params![id, visible_at])?;
                 Ok(())
-            })
-            .await
+            });
+        Ok(())
     }
 
     async fn delete(&self, receipt: &str) -> StoreResult<()> {
@@ -245,13 +246,16 @@ impl MessageQueue for SqliteQueue {
             return Ok(());
         }
         self.work.notify_one();
+        // The outcome the message led to is already recorded, so a delete lost in a
+        // crash only brings the message back to a delivery that is settled (the
+        // worker finds it so and drops it): nobody waits for it.
         self.db
-            .call(move |conn| {
+            .call_detached("delete a settled message", move |conn| {
                 conn.prepare_cached("DELETE FROM queue WHERE id = ?1")?
                     .execute([id])?;
                 Ok(())
-            })
-            .await
+            });
+        Ok(())
     }
 
     fn delay_limits(&self) -> DelayLimits {

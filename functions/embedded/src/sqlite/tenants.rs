@@ -38,7 +38,7 @@ impl TenantStore for SqliteStore {
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
         let id = id.to_string();
         self.db
-            .read(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
+            .get(move |conn| json_row(conn, "SELECT json FROM tenants WHERE id = ?1", [id]))
             .await
     }
 
@@ -75,7 +75,7 @@ impl TenantStore for SqliteStore {
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
         let hash = api_key_hash.to_owned();
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 json_row(
                     conn,
                     "SELECT principal FROM api_keys WHERE hash = ?1",
@@ -88,7 +88,7 @@ impl TenantStore for SqliteStore {
     async fn has_admin_key(&self) -> StoreResult<bool> {
         let admin = serde_json::to_string(&Principal::Admin).expect("a principal serialises");
         self.db
-            .read(move |conn| {
+            .get(move |conn| {
                 Ok(conn
                     .prepare_cached("SELECT EXISTS(SELECT 1 FROM api_keys WHERE principal = ?1)")?
                     .query_row([admin], |r| r.get(0))?)
