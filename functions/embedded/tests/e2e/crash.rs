@@ -2,6 +2,7 @@
 //! every event is delivered at least once, none lost, none without a log row.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -10,6 +11,10 @@ use crate::harness::*;
 
 const EVENTS: usize = 500;
 const PUBLISHERS: usize = 8;
+/// Publishers that keep the writer's groups full until the kill.
+const LOAD_PUBLISHERS: usize = 16;
+/// Kills (and restarts) under load.
+const KILLS: usize = 3;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_mid_flight_loses_nothing() {
@@ -113,4 +118,132 @@ async fn count_delivered(api: &Api) -> usize {
             None => return delivered,
         }
     }
+}
+
+/// `kill -9` while publishers and workers keep the writer's groups full (many callers'
+/// writes in each commit): after a restart every event the API accepted is delivered
+/// to the at-least-once endpoint, and the at-most-once endpoint never receives an
+/// event twice; each of its deliveries ends delivered or failed, none left hanging.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_group_commit_under_load() {
+    let dir = TempDir::new("crash-group");
+    let mut server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let least = Receiver::start(vec![], Reply::status(200)).await;
+    let most = Receiver::start(vec![], Reply::status(200)).await;
+    acme.endpoint(json!({"url": least.url("/"), "max_concurrency": 32,
+                         "retry": {"delays_s": [1, 1, 1, 1, 1], "jitter": 0}}))
+        .await;
+    acme.endpoint(json!({"url": most.url("/"), "max_concurrency": 32, "mode": "at_most_once"}))
+        .await;
+
+    let attempted = Arc::new(Mutex::new(HashSet::new()));
+    let accepted = Arc::new(Mutex::new(HashSet::new()));
+    let mut acme = acme;
+    // Several kills: each lands at a random point of the writer's cycle, so together
+    // they are likely to hit a commit in progress.
+    for round in 0..KILLS {
+        let mut publishers = tokio::task::JoinSet::new();
+        for p in 0..LOAD_PUBLISHERS {
+            let (acme, attempted, accepted) = (acme.clone(), attempted.clone(), accepted.clone());
+            publishers.spawn(async move {
+                for i in 0.. {
+                    let id = format!("grp-{round}-{p}-{i}");
+                    attempted.lock().unwrap().insert(id.clone());
+                    let sent = acme
+                        .client
+                        .post(format!("{}/v1/events", acme.base))
+                        .bearer_auth(&acme.key)
+                        .json(&json!({"id": id, "type": "lead.created", "data": {"p": p, "i": i}}))
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(resp) if resp.status() == 202 => {
+                            accepted.lock().unwrap().insert(id);
+                        }
+                        Ok(resp) => panic!("publish answered {}", resp.status()),
+                        // The server was killed under this request: stop.
+                        Err(_) => break,
+                    }
+                }
+            });
+        }
+        let (least_before, most_before) = (least.count(), most.count());
+        eventually(
+            Duration::from_secs(60),
+            "deliveries flowing under load",
+            || async {
+                (least.count() >= least_before + 300 && most.count() >= most_before + 300)
+                    .then_some(())
+            },
+        )
+        .await;
+        server.kill_hard();
+        while publishers.join_next().await.is_some() {}
+        server = Server::start(&dir);
+        acme = Api {
+            base: server.base.clone(),
+            ..acme
+        };
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    let attempted = attempted.lock().unwrap().clone();
+
+    let seen = eventually(
+        Duration::from_secs(120),
+        "every accepted event at the at-least-once endpoint",
+        || async {
+            let seen: HashSet<String> = least
+                .got()
+                .iter()
+                .map(|r| r.header("webhook-id").to_owned())
+                .collect();
+            accepted.is_subset(&seen).then_some(seen)
+        },
+    )
+    .await;
+    assert!(
+        seen.is_subset(&attempted),
+        "an event nobody published arrived"
+    );
+
+    // At most once: never twice, and every delivery settles (sent once, or failed
+    // because a crash left it unsure) instead of waiting forever.
+    let mut times = std::collections::HashMap::<String, usize>::new();
+    for r in most.got() {
+        *times.entry(r.header("webhook-id").to_owned()).or_default() += 1;
+    }
+    let twice: Vec<_> = times.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "at-most-once events received twice: {twice:?}"
+    );
+    for id in &accepted {
+        let settled = eventually(
+            Duration::from_secs(30),
+            "the at-most-once delivery settled",
+            || async {
+                let deliveries = acme.deliveries_of(id).await;
+                let status = deliveries
+                    .iter()
+                    .map(|d| d["status"].as_str().unwrap_or_default().to_owned())
+                    .collect::<Vec<_>>();
+                (status.len() == 2
+                    && status
+                        .iter()
+                        .all(|s| ["delivered", "failed"].contains(&s.as_str())))
+                .then_some(status)
+            },
+        )
+        .await;
+        let sent = times.get(id).copied().unwrap_or(0);
+        assert!(
+            sent == 1 || settled.contains(&"failed".to_owned()),
+            "event {id}: at-most-once sent {sent} times, deliveries {settled:?}"
+        );
+    }
+    println!(
+        "{KILLS} kills with {} accepted events in all",
+        accepted.len()
+    );
 }
