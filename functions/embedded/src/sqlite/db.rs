@@ -341,15 +341,7 @@ impl SqliteDb {
 /// savepoint inside one transaction, commit once, then answer every caller.
 fn write_loop(mut conn: Connection, mut queued: mpsc::Receiver<Box<dyn WriteJob>>) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
-    let debug = std::env::var_os("ENTREGA_DEBUG_WRITER").is_some();
-    let (mut groups, mut jobs, mut busy, mut since) = (
-        0u64,
-        0u64,
-        std::time::Duration::ZERO,
-        std::time::Instant::now(),
-    );
     while let Some(first) = queued.blocking_recv() {
-        let t0 = std::time::Instant::now();
         group.push(first);
         while group.len() < MAX_GROUP {
             match queued.try_recv() {
@@ -357,20 +349,8 @@ fn write_loop(mut conn: Connection, mut queued: mpsc::Receiver<Box<dyn WriteJob>
                 Err(_) => break,
             }
         }
-        groups += 1;
-        jobs += group.len() as u64;
         while !group.is_empty() {
             commit_some(&mut conn, &mut group);
-        }
-        busy += t0.elapsed();
-        if debug && since.elapsed().as_secs() >= 2 {
-            eprintln!(
-                "writer: {groups} groups, {jobs} jobs, busy {:?} in {:?}",
-                busy,
-                since.elapsed()
-            );
-            (groups, jobs, busy, since) =
-                (0, 0, std::time::Duration::ZERO, std::time::Instant::now());
         }
     }
 }
