@@ -254,6 +254,7 @@ pub fn services_on(
     Services {
         store: store.clone(),
         backlog: store.clone(),
+        random: Arc::new(entrega_core::ports::SystemRandom),
         slots: Arc::new(entrega_core::slots::LocalFirstSlots::new(store_on(
             &clients.dynamo,
             r,

@@ -416,6 +416,8 @@ pub trait Transport: Send + Sync {
 
 mod metrics;
 pub use metrics::{AttemptMetric, Metrics, NoMetrics};
+mod random;
+pub use random::{RandomSource, RngOf, SeededRandom, SystemRandom};
 
 /// Tuning the operator sets; the same names on both runtimes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,6 +459,7 @@ pub struct Services {
     pub metrics: Arc<dyn Metrics>,
     pub backlog: Arc<dyn Backlog>,
     pub slots: Arc<dyn crate::slots::EndpointSlots>,
+    pub random: Arc<dyn RandomSource>,
     pub settings: Settings,
 }
 

@@ -32,6 +32,27 @@ pub enum Action {
     RequeueAt(DateTime<Utc>),
     /// Hand the delivery to the failure handler.
     MoveToFailures(FailureNotice),
+    /// The receiver answered `410 Gone`: disable the endpoint (the delivery waits,
+    /// paused, for a human to re-enable it).
+    DisableEndpoint,
+}
+
+impl Step {
+    /// Whether the step sends a request (after its delivery is persisted).
+    pub fn sends(&self) -> bool {
+        self.actions.iter().any(|a| matches!(a, Action::Send))
+    }
+
+    /// The attempts the step appends to the log, with its delivery.
+    pub fn attempts(&self) -> Vec<Attempt> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::RecordAttempt(attempt) => Some(attempt.clone()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The next state of a delivery and what to do about it.
@@ -133,6 +154,18 @@ pub fn complete<R: Rng + ?Sized>(
     next.last_error = attempt.error.clone();
     let mut actions = vec![Action::RecordAttempt(attempt)];
 
+    if report.result.status() == Some(GONE) {
+        // The receiver says the URL is gone for good, which is no failure of this
+        // delivery: it waits, paused, and the endpoint is disabled for a human to
+        // decide (re-enabling sends it).
+        next.state = DeliveryState::Paused;
+        next.next_attempt_at = None;
+        actions.push(Action::DisableEndpoint);
+        return Step {
+            delivery: next,
+            actions,
+        };
+    }
     let Some(kind) = kind else {
         next.state = DeliveryState::Delivered;
         next.delivered_at = Some(now);
@@ -184,6 +217,28 @@ pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> De
     next.delivered_at = None;
     next.updated_at = now;
     next
+}
+
+/// `410 Gone`: the endpoint is retired, not failing.
+pub const GONE: u16 = 410;
+
+/// Why a delivery whose endpoint was deleted ended.
+pub const ENDPOINT_DELETED_ERROR: &str = "the endpoint was deleted";
+
+/// The endpoint was deleted by its owner: a waiting delivery ends as failed, on
+/// purpose, with no failure notice (nobody is left to receive it). `None` when the
+/// delivery had already ended.
+pub fn endpoint_deleted(delivery: &Delivery, now: DateTime<Utc>) -> Option<Delivery> {
+    if delivery.state.is_terminal() {
+        return None;
+    }
+    let mut next = delivery.clone();
+    next.state = DeliveryState::Failed;
+    next.last_error = Some(ENDPOINT_DELETED_ERROR.into());
+    next.next_attempt_at = None;
+    next.lease_until = None;
+    next.updated_at = now;
+    Some(next)
 }
 
 /// The endpoint is disabled: keep the delivery, attempt nothing until re-enabled.

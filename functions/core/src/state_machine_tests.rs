@@ -272,3 +272,59 @@ fn transport_errors_are_logged_with_their_kind() {
     assert_eq!(a.duration_ms, 10_000);
     assert_eq!(a.failure_kind, Some(FailureKind::Timeout));
 }
+
+#[test]
+fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint_in_both_modes() {
+    for mode in [DeliveryMode::AtLeastOnce, DeliveryMode::AtMostOnce] {
+        let p = policy(RetryPreset::Standard);
+        let d = started(&fresh(), mode, &p, t0());
+        let step = complete(
+            &d,
+            &status(410, None),
+            mode,
+            &p,
+            t0(),
+            &mut StdRng::seed_from_u64(1),
+        );
+        assert_eq!(step.delivery.state, DeliveryState::Paused, "{mode:?}");
+        assert_eq!(step.delivery.next_attempt_at, None);
+        assert_eq!(step.delivery.lease_until, None);
+        assert_eq!(step.delivery.last_status_code, Some(410));
+        assert_eq!(step.attempts().len(), 1);
+        assert_eq!(step.attempts()[0].status_code, Some(410));
+        assert!(step.actions.contains(&Action::DisableEndpoint));
+        assert_eq!(
+            failure_reason(&step),
+            None,
+            "gone is no failure of the delivery"
+        );
+        assert!(!step.sends());
+    }
+}
+
+#[test]
+fn a_deleted_endpoint_fails_a_waiting_delivery_once_and_leaves_an_ended_one_alone() {
+    let p = policy(RetryPreset::Standard);
+    let later = t0() + chrono::Duration::seconds(5);
+    for waiting in [
+        fresh(),
+        started(&fresh(), DeliveryMode::AtLeastOnce, &p, t0()),
+    ] {
+        let ended = endpoint_deleted(&waiting, later).expect("a waiting delivery ends");
+        assert_eq!(ended.state, DeliveryState::Failed);
+        assert_eq!(ended.last_error.as_deref(), Some(ENDPOINT_DELETED_ERROR));
+        assert_eq!((ended.next_attempt_at, ended.lease_until), (None, None));
+        assert_eq!(ended.updated_at, later);
+        assert_eq!(endpoint_deleted(&ended, later), None);
+    }
+    let d = started(&fresh(), DeliveryMode::AtLeastOnce, &p, t0());
+    let delivered = complete(
+        &d,
+        &status(200, None),
+        DeliveryMode::AtLeastOnce,
+        &p,
+        t0(),
+        &mut StdRng::seed_from_u64(1),
+    );
+    assert_eq!(endpoint_deleted(&delivered.delivery, later), None);
+}

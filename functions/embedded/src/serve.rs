@@ -264,6 +264,7 @@ pub async fn open_sqlite_parts(
         // The queue already hands out at most an endpoint's cap at once; the slots
         // hold the same cap for the handler, as they do across Lambda invocations.
         slots: Arc::new(InProcessSlots::default()),
+        random: Arc::new(entrega_core::ports::SystemRandom),
         settings: Settings::default(),
     };
     Ok((services, backlog))

@@ -6,6 +6,7 @@
 pub mod age;
 pub mod failures;
 pub mod fanout;
+mod follow_up;
 pub mod health;
 pub mod notices;
 pub mod replay;

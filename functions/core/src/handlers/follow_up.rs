@@ -1,0 +1,127 @@
+//! What follows a recorded step of the worker: the message requeued for a retry, the
+//! failure handler told, the endpoint disabled on `410 Gone`, and what a terminal
+//! state implies (repeated when a message comes back after a crash, as each of these
+//! is idempotent).
+
+use std::time::Duration;
+
+use crate::delivery::{Delivery, DeliveryState};
+use crate::endpoint::{DeliveryMode, Endpoint};
+use crate::failure::{FailureNotice, FailureReason};
+use crate::ports::{Services, StoreResult};
+use crate::state_machine::Action;
+
+use super::health;
+use super::task::DeliveryTask;
+use super::until;
+use super::worker::Disposition;
+
+/// Act on the post-write actions: requeue, or hand to the failure handler.
+pub(super) async fn carry_out(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    delivery: &Delivery,
+    actions: &[Action],
+) -> StoreResult<Disposition> {
+    for action in actions {
+        match action {
+            Action::RequeueAt(at) => return requeue(services, task, endpoint, *at).await,
+            Action::MoveToFailures(notice) => {
+                send_failure_notice(services, notice).await?;
+                return Ok(Disposition::Done);
+            }
+            Action::DisableEndpoint => {
+                // Kept paused, not failed: a human decides whether the URL comes back.
+                let why = "the receiver answered 410 Gone";
+                health::disable(services, endpoint, why, services.clock.now()).await?;
+                return Ok(Disposition::Done);
+            }
+            Action::RecordAttempt(_) | Action::Send => {}
+        }
+    }
+    settle_terminal(services, delivery, endpoint.mode).await?;
+    Ok(Disposition::Done)
+}
+
+/// What follows a terminal state, repeated when a message comes back after a crash
+/// (both steps are idempotent): a failure notice for a failed delivery, and for a
+/// resend that was delivered, the acknowledgement of the failures it fixed.
+pub(super) async fn settle_terminal(
+    services: &Services,
+    delivery: &Delivery,
+    mode: DeliveryMode,
+) -> StoreResult<()> {
+    match delivery.state {
+        DeliveryState::Delivered => super::failures::acknowledge_resolved(services, delivery).await,
+        state if state.is_terminal() => resend_failure_notice(services, delivery, mode).await,
+        _ => Ok(()),
+    }
+}
+
+/// Bring the message back at `at`: hidden, for a short wait; sent again delayed (the
+/// current one deleted), for a longer one; through the long-delay scheduler beyond
+/// the queue's longest delay. A message sent again that arrives before its time (a
+/// wait longer than one delay) comes here again and goes on.
+pub(super) async fn requeue(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    at: chrono::DateTime<chrono::Utc>,
+) -> StoreResult<Disposition> {
+    let delay = until(at, services.clock.now());
+    let limits = services.deliveries.delay_limits();
+    if limits.hide.is_none_or(|hide| delay <= hide) {
+        return Ok(Disposition::RetryIn(delay));
+    }
+    match limits.send {
+        Some(longest) if delay > longest => {
+            services
+                .scheduler
+                .schedule(task.message(endpoint.max_concurrency, Duration::ZERO), at)
+                .await?;
+        }
+        _ => {
+            services
+                .deliveries
+                .send(vec![task.message(endpoint.max_concurrency, delay)])
+                .await?;
+        }
+    }
+    Ok(Disposition::Done)
+}
+
+async fn send_failure_notice(services: &Services, notice: &FailureNotice) -> StoreResult<()> {
+    let message = crate::ports::OutgoingMessage {
+        body: serde_json::to_string(notice).expect("a notice serialises"),
+        group: notice.tenant_id.to_string(),
+        delay: Duration::ZERO,
+        concurrency_key: None,
+        concurrency_limit: 0,
+    };
+    services.failures.send(vec![message]).await
+}
+
+async fn resend_failure_notice(
+    services: &Services,
+    delivery: &Delivery,
+    mode: DeliveryMode,
+) -> StoreResult<()> {
+    let reason = match (delivery.state, mode) {
+        (DeliveryState::Exhausted, _) => FailureReason::Exhausted,
+        (DeliveryState::Failed, DeliveryMode::AtMostOnce) => FailureReason::AtMostOnce,
+        (DeliveryState::Failed, DeliveryMode::AtLeastOnce) => FailureReason::NotRetryable,
+        _ => return Ok(()),
+    };
+    send_failure_notice(
+        services,
+        &FailureNotice {
+            delivery_id: delivery.id.clone(),
+            tenant_id: delivery.tenant_id.clone(),
+            generation: delivery.generation,
+            reason,
+            failed_at: delivery.updated_at,
+        },
+    )
+    .await
+}
