@@ -19,8 +19,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
+
+mod common;
+use common::{bare_client, payload, start_receiver, Arrivals};
 
 const DEFAULT_EVENTS: usize = 20_000;
 const PUBLISHERS: usize = 32;
@@ -29,71 +31,6 @@ const LOW_LOAD_EVENTS: usize = 300;
 const ADMIN_KEY: &str = "admin_key_for_bench_0123456789abcdef";
 /// How long the throughput run may take before the bench gives up.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
-
-/// Arrival instants by `webhook-id`, and a count of every request.
-#[derive(Default)]
-struct Arrivals {
-    at: Mutex<HashMap<String, Instant>>,
-    count: std::sync::atomic::AtomicUsize,
-}
-
-async fn start_receiver() -> (String, Arc<Arrivals>) {
-    let arrivals = Arc::new(Arrivals::default());
-    let seen = arrivals.clone();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap, _body: String| {
-        let seen = seen.clone();
-        async move {
-            if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
-                seen.at
-                    .lock()
-                    .unwrap()
-                    .entry(id.to_owned())
-                    .or_insert_with(Instant::now);
-            }
-            seen.count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            StatusCode::NO_CONTENT
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, arrivals)
-}
-
-fn payload() -> Value {
-    // About 1 KiB of JSON, as the measurements used.
-    json!({"type": "bench.event", "data": {"pad": "x".repeat(990)}})
-}
-
-/// `count` POSTs of the 1 KiB body at `concurrency`: requests per second.
-async fn bare_client(url: &str, count: usize, concurrency: usize) -> f64 {
-    let client = reqwest::Client::new();
-    let body = serde_json::to_vec(&payload()).unwrap();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (client, body, next, url) =
-            (client.clone(), body.clone(), next.clone(), url.to_owned());
-        tasks.push(tokio::spawn(async move {
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
-                let resp = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(resp.status(), 204);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    count as f64 / started.elapsed().as_secs_f64()
-}
 
 struct Server {
     child: Child,

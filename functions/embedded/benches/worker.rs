@@ -1,0 +1,113 @@
+//! The worker's hot path against the bare client, in one run: N deliveries queued in a
+//! fresh SQLite store (full durability), then the embedded runtime's delivery loop —
+//! receive, sign, the SSRF-guarded transport, classify, record, settle — drains them to
+//! a loopback receiver answering 204, one endpoint at `max_concurrency`
+//! [`CONCURRENCY`]. The bare client POSTs the same 1 KiB body at the same concurrency.
+//!
+//! Figures are printed, never asserted. `cargo bench -p entrega-embedded --bench
+//! worker`; `ENTREGA_BENCH_DELIVERIES` sets N (default [`DEFAULT_DELIVERIES`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use entrega_core::conditions::Conditions;
+use entrega_core::endpoint::Endpoint;
+use entrega_core::event::Event;
+use entrega_core::handlers::fanout::fan_out;
+use entrega_core::ids::{EventId, TenantId};
+use entrega_core::ports::SystemClock;
+use entrega_core::tenant::Tenant;
+use entrega_embedded::runtime::Runtime;
+use entrega_embedded::serve::open_sqlite_parts;
+use entrega_embedded::sqlite::Durability;
+use entrega_http::transport::{HttpTransport, TargetPolicy};
+
+mod common;
+use common::{bare_client, payload, start_receiver};
+
+const DEFAULT_DELIVERIES: usize = 20_000;
+const CONCURRENCY: u32 = 64;
+/// How long the drain may take before the bench gives up.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::var("ENTREGA_BENCH_DELIVERIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_DELIVERIES);
+    let (url, arrivals) = start_receiver().await;
+    let bare = bare_client(&url, n, CONCURRENCY as usize).await;
+    println!("bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {CONCURRENCY})");
+
+    let dir = std::env::temp_dir().join(format!("entrega-bench-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let transport = Arc::new(HttpTransport::new(TargetPolicy {
+        allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
+        allow_http: true,
+    }));
+    let (services, parts) = open_sqlite_parts(
+        &dir.join("worker.db"),
+        Durability::Full,
+        Arc::new(SystemClock),
+        transport,
+    )
+    .await
+    .unwrap();
+    let now = Utc::now();
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "Bench".into(),
+        owner_email: "owner@example.com".into(),
+        created_at: now,
+    };
+    services
+        .store
+        .create_tenant(&tenant, "bench")
+        .await
+        .unwrap();
+    let mut endpoint = Endpoint::new(tenant.id.clone(), url, now);
+    endpoint.max_concurrency = CONCURRENCY;
+    services.store.create_endpoint(&endpoint).await.unwrap();
+    let body = serde_json::to_string(&payload()["data"]).unwrap();
+    for _ in 0..n {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: tenant.id.clone(),
+            event_type: "bench.event".into(),
+            payload: body.clone(),
+            created_at: Utc::now(),
+        };
+        services.store.publish(&event).await.unwrap();
+        fan_out(&services, &event).await.unwrap();
+    }
+
+    let before = arrivals.count.load(Ordering::Relaxed);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runtime = Runtime {
+        services,
+        store: parts.store,
+        delivery_queue: parts.deliveries,
+        conditions: Arc::new(Conditions::default()),
+    };
+    let started = Instant::now();
+    let running = tokio::spawn(runtime.run(stopped));
+    while arrivals.count.load(Ordering::Relaxed) - before < n {
+        assert!(
+            started.elapsed() < DRAIN_LIMIT,
+            "the deliveries did not drain"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let worker = n as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "worker path: {worker:.0} deliveries/s ({n} queued, recorded with full durability); \
+         {:.1} % of the bare client",
+        100.0 * worker / bare
+    );
+    let _ = stop.send(true);
+    let _ = running.await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
