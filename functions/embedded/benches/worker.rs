@@ -92,6 +92,7 @@ async fn main() {
         delivery_queue: parts.deliveries,
         conditions: Arc::new(Conditions::default()),
     };
+    println!("queued; draining");
     let started = Instant::now();
     let running = tokio::spawn(runtime.run(stopped));
     while arrivals.count.load(Ordering::Relaxed) - before < n {

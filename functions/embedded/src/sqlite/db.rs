@@ -38,6 +38,10 @@ const READERS: usize = 4;
 /// Page cache per connection (KiB): the hot working set (queue, recent deliveries and
 /// their indexes) stays in memory instead of being read back with `pread`.
 const CACHE_KIB: i64 = 32 * 1024;
+/// Page cache of a read-only connection (KiB). Small on purpose: a reader drops its
+/// whole cache whenever it finds the database changed since its last read, which under
+/// load is every read, and dropping a large cache costs more than it saves.
+const READER_CACHE_KIB: i64 = 1024;
 /// Memory-mapped I/O: reads of pages not in the cache are served from the OS page
 /// cache without a system call each.
 const MMAP_BYTES: i64 = 256 * 1024 * 1024;
@@ -190,6 +194,7 @@ impl SqliteDb {
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )?;
             tune(&reader)?;
+            reader.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
             readers.push(reader);
         }
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
