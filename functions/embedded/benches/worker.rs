@@ -27,6 +27,10 @@ use entrega_http::transport::{HttpTransport, TargetPolicy};
 mod common;
 use common::{bare_client, payload, start_receiver};
 
+// The `entrega` binary's allocator, so the figure is the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const DEFAULT_DELIVERIES: usize = 20_000;
 const CONCURRENCY: u32 = 64;
 /// How long the drain may take before the bench gives up.

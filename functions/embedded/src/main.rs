@@ -418,6 +418,9 @@ async fn replay_aws(_: &str, _: chrono::DateTime<chrono::Utc>) -> Result<(), Box
     Err(entrega_embedded::serve::NO_AWS.into())
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match run(Cli::parse().command).await {
