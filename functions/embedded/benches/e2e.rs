@@ -28,6 +28,9 @@ const DEFAULT_EVENTS: usize = 20_000;
 const PUBLISHERS: usize = 32;
 const ENDPOINT_CONCURRENCY: u32 = 64;
 const LOW_LOAD_EVENTS: usize = 300;
+/// Deliveries left pending behind an endpoint that never answers, for the memory
+/// figure (`ENTREGA_BENCH_PENDING`).
+const DEFAULT_PENDING: usize = 100_000;
 const ADMIN_KEY: &str = "admin_key_for_bench_0123456789abcdef";
 /// How long the throughput run may take before the bench gives up.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
@@ -99,7 +102,7 @@ async fn post(client: &reqwest::Client, url: String, key: &str, body: &Value) ->
 }
 
 /// A tenant with one endpoint at `url`; its API key.
-async fn set_up(server: &Server, url: &str) -> String {
+async fn set_up(server: &Server, url: &str, max_concurrency: u32) -> String {
     let client = reqwest::Client::new();
     let (status, tenant) = post(
         &client,
@@ -114,11 +117,46 @@ async fn set_up(server: &Server, url: &str) -> String {
         &client,
         format!("{}/v1/endpoints", server.base),
         &key,
-        &json!({"url": url, "max_concurrency": ENDPOINT_CONCURRENCY}),
+        &json!({"url": url, "max_concurrency": max_concurrency}),
     )
     .await;
     assert_eq!(status, 201, "{endpoint}");
     key
+}
+
+/// Publish `ids` with [`PUBLISHERS`] connections; when each was sent.
+async fn publish_all(base: &str, key: &str, ids: Vec<String>) -> HashMap<String, Instant> {
+    let client = reqwest::Client::new();
+    let ids = Arc::new(ids);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent_at = Arc::new(Mutex::new(HashMap::new()));
+    let mut publishers = Vec::new();
+    for _ in 0..PUBLISHERS {
+        let (client, base, key) = (client.clone(), base.to_owned(), key.to_owned());
+        let (ids, next, sent_at) = (ids.clone(), next.clone(), sent_at.clone());
+        publishers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(id) = ids.get(n) else { break };
+                let sent = publish(&client, &base, &key, id).await;
+                sent_at.lock().unwrap().insert(id.clone(), sent);
+            }
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let sent = std::mem::take(&mut *sent_at.lock().unwrap());
+    sent
+}
+
+fn rss_mb(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// Publish event `id`; the instant just before the request.
@@ -146,15 +184,6 @@ fn latencies(published: &HashMap<String, Instant>, arrivals: &Arrivals) -> Vec<D
         .collect();
     all.sort();
     all
-}
-
-fn peak_rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 async fn wait_for(arrivals: &Arrivals, ids: &[String]) {
@@ -189,7 +218,7 @@ async fn main() {
     println!("bare client: {bare:.0} requests/s ({events} POSTs of 1 KiB, concurrency {ENDPOINT_CONCURRENCY})");
 
     let server = start_server(&flags);
-    let key = set_up(&server, &url).await;
+    let key = set_up(&server, &url, ENDPOINT_CONCURRENCY).await;
     let client = reqwest::Client::new();
 
     // Low load: one event at a time, each waited for.
@@ -210,29 +239,12 @@ async fn main() {
 
     // Throughput.
     let ids: Vec<String> = (0..events).map(|n| format!("load-{n}")).collect();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let sent_at = Arc::new(Mutex::new(HashMap::new()));
     let started = Instant::now();
-    let mut publishers = Vec::new();
-    for _ in 0..PUBLISHERS {
-        let (client, base, key) = (client.clone(), server.base.clone(), key.clone());
-        let (ids, next, sent_at) = (ids.clone(), next.clone(), sent_at.clone());
-        publishers.push(tokio::spawn(async move {
-            loop {
-                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(id) = ids.get(n) else { break };
-                let sent = publish(&client, &base, &key, id).await;
-                sent_at.lock().unwrap().insert(id.clone(), sent);
-            }
-        }));
-    }
-    for p in publishers {
-        p.await.unwrap();
-    }
+    let sent_at = publish_all(&server.base, &key, ids.clone()).await;
     let publish_secs = started.elapsed().as_secs_f64();
     wait_for(&arrivals, &ids).await;
     let total_secs = started.elapsed().as_secs_f64();
-    let loaded = latencies(&sent_at.lock().unwrap(), &arrivals);
+    let loaded = latencies(&sent_at, &arrivals);
     println!(
         "throughput: published {:.0}/s, delivered {:.0}/s ({events} events, {PUBLISHERS} publishers); \
          under load p50 {:.1} ms, p99 {:.1} ms",
@@ -244,6 +256,25 @@ async fn main() {
     println!(
         "delivered / bare client: {:.1} %; server peak RSS {:.0} MB",
         100.0 * events as f64 / total_secs / bare,
-        peak_rss_mb(server.child.id())
+        rss_mb(server.child.id(), "VmHWM:")
+    );
+
+    // Memory with a large backlog: deliveries pending behind an endpoint that accepts
+    // no connection (one attempt at a time hangs until its timeout).
+    let pending: usize = std::env::var("ENTREGA_BENCH_PENDING")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_PENDING);
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stuck = format!("http://{}/", hanging.local_addr().unwrap());
+    let key = set_up(&server, &stuck, 1).await;
+    let ids = (0..pending).map(|n| format!("pending-{n}")).collect();
+    let started = Instant::now();
+    publish_all(&server.base, &key, ids).await;
+    println!(
+        "{pending} deliveries pending (published at {:.0}/s): server RSS {:.0} MB, peak {:.0} MB",
+        pending as f64 / started.elapsed().as_secs_f64(),
+        rss_mb(server.child.id(), "VmRSS:"),
+        rss_mb(server.child.id(), "VmHWM:")
     );
 }
