@@ -15,7 +15,8 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use aws_sdk_dynamodbstreams::types::ShardIteratorType;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use entrega_core::handlers::sweep::SWEEP_INTERVAL;
-use entrega_core::ports::Services;
+use entrega_core::ports::{Services, StoreError};
+use entrega_runtime::{pause, poll_until_stopped, AGE_CHECK_INTERVAL};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -31,8 +32,6 @@ const STREAM_BATCH: i32 = 100;
 const SQS_BATCH: i32 = 10;
 /// Pause when a poll found nothing.
 const IDLE: Duration = Duration::from_millis(200);
-/// How often the 24-hour rule runs (the template schedules it every 15 minutes).
-const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// How often due schedules are looked for.
 const SCHEDULE_POLL: Duration = Duration::from_secs(1);
 
@@ -55,23 +54,28 @@ impl Emulation {
         while tasks.join_next().await.is_some() {}
     }
 
-    async fn stream_loop(self, mut shutdown: watch::Receiver<bool>) {
+    async fn stream_loop(self, shutdown: watch::Receiver<bool>) {
         let streams = self.clients.streams.clone();
         let dynamo = self.clients.dynamo.clone();
         // Per shard: the sequence number to resume after.
-        let mut checkpoints: HashMap<String, String> = HashMap::new();
-        while !*shutdown.borrow() {
-            let worked = match self.stream_pass(&dynamo, &streams, &mut checkpoints).await {
-                Ok(n) => n > 0,
-                Err(e) => {
+        let checkpoints = tokio::sync::Mutex::new(HashMap::<String, String>::new());
+        poll_until_stopped(
+            shutdown,
+            IDLE,
+            || async {
+                let mut checkpoints = checkpoints.lock().await;
+                self.stream_pass(&dynamo, &streams, &mut checkpoints)
+                    .await
+                    .map(|n| n > 0)
+                    .map_err(|e| StoreError::Backend(e.to_string()))
+            },
+            |result| {
+                if let Err(e) = result {
                     tracing::error!(error = %e, "reading the outbox stream failed");
-                    false
                 }
-            };
-            if !worked {
-                idle(&mut shutdown, IDLE).await;
-            }
-        }
+            },
+        )
+        .await;
     }
 
     async fn stream_pass(
@@ -176,98 +180,115 @@ impl Emulation {
         Ok(handled)
     }
 
-    async fn queue_loop(self, deliveries: bool, mut shutdown: watch::Receiver<bool>) {
-        let sqs = self.clients.sqs.clone();
+    async fn queue_loop(self, deliveries: bool, shutdown: watch::Receiver<bool>) {
         let url = if deliveries {
             self.resources.delivery_queue_url.clone()
         } else {
             self.resources.failure_queue_url.clone()
         };
-        while !*shutdown.borrow() {
-            // The queue's own visibility timeout applies, as with a Lambda trigger.
-            let out = match sqs
-                .receive_message()
-                .queue_url(&url)
-                .max_number_of_messages(SQS_BATCH)
-                .wait_time_seconds(1)
-                .message_system_attribute_names(
-                    aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
-                )
-                .send()
-                .await
-            {
-                Ok(out) => out,
-                Err(e) => {
-                    tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "receive failed");
-                    idle(&mut shutdown, IDLE).await;
-                    continue;
+        // The receive's long poll is the idle wait.
+        poll_until_stopped(
+            shutdown,
+            Duration::ZERO,
+            || self.queue_pass(&url, deliveries),
+            |result| {
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "receiving from the queue failed");
                 }
-            };
-            if out.messages().is_empty() {
-                continue;
+            },
+        )
+        .await;
+    }
+
+    /// One receive, its batch handled as Lambda would hand it over, and the batch's
+    /// successes deleted; `Ok(true)` if a message came.
+    async fn queue_pass(&self, url: &str, deliveries: bool) -> Result<bool, StoreError> {
+        let sqs = &self.clients.sqs;
+        // The queue's own visibility timeout applies, as with a Lambda trigger.
+        let out = match sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(SQS_BATCH)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(
+                aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+            )
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => {
+                return Err(StoreError::Backend(format!(
+                    "receive: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )))
             }
-            let mut event = SqsEvent::default();
-            for m in out.messages() {
-                let mut message = SqsMessage::default();
-                message.message_id = m.message_id().map(str::to_owned);
-                message.receipt_handle = m.receipt_handle().map(str::to_owned);
-                message.body = m.body().map(str::to_owned);
-                // Lambda's events carry the system attributes by their names.
-                message.attributes = m
-                    .attributes()
-                    .into_iter()
-                    .flatten()
-                    .map(|(name, value)| (name.as_str().to_owned(), value.clone()))
-                    .collect();
-                event.records.push(message);
-            }
-            let records = event.records.clone();
-            let response = if deliveries {
-                delivery_batch(&self.services, event).await
-            } else {
-                failure_batch(&self.services, event).await
-            };
-            let failed: Vec<&str> = response
-                .batch_item_failures
-                .iter()
-                .map(|f| f.item_identifier.as_str())
+        };
+        if out.messages().is_empty() {
+            return Ok(false);
+        }
+        let mut event = SqsEvent::default();
+        for m in out.messages() {
+            let mut message = SqsMessage::default();
+            message.message_id = m.message_id().map(str::to_owned);
+            message.receipt_handle = m.receipt_handle().map(str::to_owned);
+            message.body = m.body().map(str::to_owned);
+            // Lambda's events carry the system attributes by their names.
+            message.attributes = m
+                .attributes()
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| (name.as_str().to_owned(), value.clone()))
                 .collect();
-            // As Lambda's event source mapping does: the batch's successes deleted in
-            // one call (up to 10, the receive's own batch size).
-            let entries: Vec<_> = records
-                .iter()
-                .filter(|r| !failed.contains(&r.message_id.as_deref().unwrap_or_default()))
-                .enumerate()
-                .filter_map(|(i, r)| {
-                    aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(r.receipt_handle.clone().unwrap_or_default())
-                        .build()
-                        .ok()
-                })
-                .collect();
-            if entries.is_empty() {
-                continue;
+            event.records.push(message);
+        }
+        let records = event.records.clone();
+        let response = if deliveries {
+            delivery_batch(&self.services, event).await
+        } else {
+            failure_batch(&self.services, event).await
+        };
+        let failed: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        // As Lambda's event source mapping does: the batch's successes deleted in
+        // one call (up to 10, the receive's own batch size).
+        let entries: Vec<_> = records
+            .iter()
+            .filter(|r| !failed.contains(&r.message_id.as_deref().unwrap_or_default()))
+            .enumerate()
+            .filter_map(|(i, r)| {
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r.receipt_handle.clone().unwrap_or_default())
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if entries.is_empty() {
+            return Ok(true);
+        }
+        match sqs
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) if !out.failed().is_empty() => {
+                tracing::error!(
+                    failed = out.failed().len(),
+                    "some deletes failed; those messages will return"
+                );
             }
-            match sqs
-                .delete_message_batch()
-                .queue_url(&url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-            {
-                Ok(out) if !out.failed().is_empty() => {
-                    tracing::error!(
-                        failed = out.failed().len(),
-                        "some deletes failed; those messages will return"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; the messages will return");
-                }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; the messages will return");
             }
         }
+        Ok(true)
     }
 
     async fn schedule_loop(self, mut shutdown: watch::Receiver<bool>) {
@@ -290,7 +311,7 @@ impl Emulation {
                 let sweep = serde_json::json!({ "entrega_task": SWEEP_TASK });
                 analyzer_event(&self.services, sweep).await;
             }
-            idle(&mut shutdown, SCHEDULE_POLL).await;
+            pause(&mut shutdown, SCHEDULE_POLL).await;
         }
     }
 
@@ -375,13 +396,6 @@ fn stream_scalar_json(value: &aws_sdk_dynamodbstreams::types::AttributeValue) ->
         _ => return Value::Null,
     };
     scalar_json(&as_table)
-}
-
-async fn idle(shutdown: &mut watch::Receiver<bool>, pause: Duration) {
-    tokio::select! {
-        _ = tokio::time::sleep(pause) => {}
-        _ = shutdown.changed() => {}
-    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventR
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
 use entrega_core::ports::{MessageQueue, OutgoingMessage, Services};
+use entrega_runtime::Settlement;
 use futures_util::future::join_all;
 use serde_json::Value;
 
@@ -104,16 +104,16 @@ pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchRes
     let jobs = event.records.into_iter().map(|message| async move {
         let body = message.body.clone().unwrap_or_default();
         let receives = receive_count(&message);
-        let delay = match handle_delivery(services, &body, receives).await {
-            Ok(Disposition::Done) => return None,
-            Ok(Disposition::RetryIn(delay)) => delay,
-            Err(e) => {
-                tracing::error!(error = %e, "delivery handler failed; the message will return");
-                backend_error_backoff(&message)
-            }
-        };
-        keep_hidden(services.deliveries.as_ref(), &message, delay).await;
-        Some(message_id(&message))
+        let outcome = handle_delivery(services, &body, receives).await;
+        if let Err(e) = &outcome {
+            tracing::error!(error = %e, "delivery handler failed; the message will return");
+        }
+        settle(
+            services.deliveries.as_ref(),
+            &message,
+            Settlement::of(&outcome, receives),
+        )
+        .await
     });
     let mut response = SqsBatchResponse::default();
     for id in join_all(jobs).await.into_iter().flatten() {
@@ -127,29 +127,34 @@ pub async fn failure_batch(services: &Services, event: SqsEvent) -> SqsBatchResp
     let mut response = SqsBatchResponse::default();
     for message in event.records {
         let body = message.body.clone().unwrap_or_default();
-        if let Err(e) = handle_failure(services, &body).await {
+        let outcome = handle_failure(services, &body)
+            .await
+            .map(|_| Disposition::Done);
+        if let Err(e) = &outcome {
             tracing::error!(error = %e, "failure handler failed; the notice will return");
-            keep_hidden(
-                services.failures.as_ref(),
-                &message,
-                backend_error_backoff(&message),
-            )
-            .await;
-            response.add_failure(message_id(&message));
+        }
+        let settlement = Settlement::of(&outcome, receive_count(&message));
+        if let Some(id) = settle(services.failures.as_ref(), &message, settlement).await {
+            response.add_failure(id);
         }
     }
     response
 }
 
-/// Hide a message for `delay`; it is then reported failed so Lambda keeps it.
-async fn keep_hidden(
+/// Lambda deletes the batch's successes itself: a message to keep is hidden for its
+/// delay and reported failed (its id returned), so Lambda leaves it in the queue.
+async fn settle(
     queue: &dyn entrega_core::ports::MessageQueue,
     message: &SqsMessage,
-    delay: std::time::Duration,
-) {
-    let receipt = message.receipt_handle.as_deref().unwrap_or_default();
-    if let Err(e) = queue.change_visibility(receipt, delay).await {
-        tracing::error!(error = %e, "could not set the message's visibility; it returns after the queue's timeout");
+    settlement: Settlement,
+) -> Option<String> {
+    match settlement {
+        Settlement::Delete => None,
+        Settlement::Hide(_) => {
+            let receipt = message.receipt_handle.as_deref().unwrap_or_default();
+            settlement.apply(queue, receipt).await;
+            Some(message_id(message))
+        }
     }
 }
 
@@ -201,17 +206,6 @@ fn receive_count(message: &SqsMessage) -> u32 {
         .get("ApproximateReceiveCount")
         .and_then(|count| count.parse().ok())
         .unwrap_or(1)
-}
-
-/// A backend error backs off exponentially with the message's receives, not after a
-/// fixed delay (which retried a throttled table every 5 s until the receive count ran
-/// out) nor the queue's whole visibility timeout (6 minutes).
-fn backend_error_backoff(message: &SqsMessage) -> std::time::Duration {
-    backoff(
-        receive_count(message),
-        BACKEND_ERROR_BACKOFF,
-        BACKEND_ERROR_BACKOFF_MAX,
-    )
 }
 
 fn message_id(message: &SqsMessage) -> String {

@@ -16,8 +16,8 @@ use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::sweep::{sweep_overdue, SWEEP_INTERVAL};
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
-use entrega_core::ports::{MessageQueue, ReceivedMessage, Services, StoreError};
+use entrega_core::ports::{ReceivedMessage, Services, StoreError};
+use entrega_runtime::{pause, poll_until_stopped, LoopBackoff, Settlement, AGE_CHECK_INTERVAL};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -37,12 +37,6 @@ pub const IDLE_POLL: Duration = Duration::from_millis(50);
 const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
 const FAILURE_BATCH: usize = 10;
-/// First and longest pause of a loop whose backend keeps failing.
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// How often the 24-hour rule is checked (the scheduled check of DESIGN.md).
-pub const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The embedded runtime's step after a publish commits: fan the event out at once,
 /// in the request, so a tenant's burst is fanned out as fast as it is accepted and
@@ -88,24 +82,6 @@ pub struct Runtime {
     pub conditions: Arc<Conditions>,
 }
 
-/// Exponential backoff for a loop whose backend fails.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Self(Duration::ZERO)
-    }
-
-    fn reset(&mut self) {
-        self.0 = Duration::ZERO;
-    }
-
-    fn next(&mut self) -> Duration {
-        self.0 = (self.0 * 2).clamp(BACKOFF_START, BACKOFF_MAX);
-        self.0
-    }
-}
-
 impl Runtime {
     /// Run until `shutdown` turns true; then stop taking work and let in-flight
     /// attempts finish (their outcomes are recorded) before returning.
@@ -125,23 +101,21 @@ impl Runtime {
             .failing(component, &error.to_string(), self.services.clock.now());
     }
 
-    async fn outbox_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut backoff = Backoff::new();
-        while !*shutdown.borrow() {
-            match self.fan_out_waiting().await {
-                Ok(worked) => {
-                    self.conditions.recovered(Component::Outbox);
-                    backoff.reset();
-                    if !worked {
-                        pause(&mut shutdown, IDLE_POLL).await;
-                    }
-                }
-                Err(e) => {
-                    self.failing(Component::Outbox, &e);
-                    pause(&mut shutdown, backoff.next()).await;
-                }
-            }
+    fn observe(&self, component: Component, result: &Result<bool, StoreError>) {
+        match result {
+            Ok(_) => self.conditions.recovered(component),
+            Err(e) => self.failing(component, e),
         }
+    }
+
+    async fn outbox_loop(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+        poll_until_stopped(
+            shutdown,
+            IDLE_POLL,
+            || self.fan_out_waiting(),
+            |result| self.observe(Component::Outbox, result),
+        )
+        .await;
     }
 
     /// Fan out what waits in the outbox; `Ok(true)` if there was any.
@@ -159,7 +133,7 @@ impl Runtime {
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
         let mut in_flight = JoinSet::new();
-        let mut backoff = Backoff::new();
+        let mut backoff = LoopBackoff::default();
         while !*shutdown.borrow() {
             while in_flight.try_join_next().is_some() {}
             let free = slots.available_permits();
@@ -182,7 +156,7 @@ impl Runtime {
                 }
                 Err(e) => {
                     self.failing(Component::Deliveries, &e);
-                    pause(&mut shutdown, backoff.next()).await;
+                    pause(&mut shutdown, backoff.next_pause()).await;
                     continue;
                 }
             };
@@ -208,47 +182,36 @@ impl Runtime {
         while in_flight.join_next().await.is_some() {}
     }
 
-    async fn failure_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut backoff = Backoff::new();
-        while !*shutdown.borrow() {
-            let received = match self
-                .services
-                .failures
-                .receive(FAILURE_BATCH, RECEIVE_VISIBILITY)
+    async fn failure_loop(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+        poll_until_stopped(
+            shutdown,
+            IDLE_POLL,
+            || self.handle_failures(),
+            |result| self.observe(Component::Failures, result),
+        )
+        .await;
+    }
+
+    /// Handle a batch of failure notices; `Ok(true)` if there were any. One notice's
+    /// backend error is the batch's (the others are settled each by its own outcome).
+    async fn handle_failures(&self) -> Result<bool, StoreError> {
+        let queue = &self.services.failures;
+        let received = queue.receive(FAILURE_BATCH, RECEIVE_VISIBILITY).await?;
+        let mut failed = None;
+        for message in &received {
+            let outcome = handle_failure(&self.services, &message.body)
                 .await
-            {
-                Ok(received) => received,
-                Err(e) => {
-                    self.failing(Component::Failures, &e);
-                    pause(&mut shutdown, backoff.next()).await;
-                    continue;
-                }
-            };
-            if received.is_empty() {
-                self.conditions.recovered(Component::Failures);
-                backoff.reset();
-                pause(&mut shutdown, IDLE_POLL).await;
-                continue;
+                .map(|_| Disposition::Done);
+            if let Err(e) = &outcome {
+                failed = Some(e.clone());
             }
-            let mut failed = None;
-            for message in received {
-                let queue = &self.services.failures;
-                let outcome = handle_failure(&self.services, &message.body).await;
-                if let Err(e) = &outcome {
-                    failed = Some(e.clone());
-                }
-                settle(queue.as_ref(), &message, outcome.map(|_| Disposition::Done)).await;
-            }
-            match failed {
-                Some(e) => {
-                    self.failing(Component::Failures, &e);
-                    pause(&mut shutdown, backoff.next()).await;
-                }
-                None => {
-                    self.conditions.recovered(Component::Failures);
-                    backoff.reset();
-                }
-            }
+            Settlement::of(&outcome, message.receive_count)
+                .apply(queue.as_ref(), &message.receipt)
+                .await;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(!received.is_empty()),
         }
     }
 
@@ -284,37 +247,10 @@ async fn run_delivery(services: &Services, conditions: &Conditions, message: Rec
         Ok(_) => conditions.recovered(Component::Deliveries),
         Err(e) => conditions.failing(Component::Deliveries, &e.to_string(), services.clock.now()),
     }
-    settle(services.deliveries.as_ref(), &message, outcome).await;
-}
-
-/// Apply a handler's disposition to its message.
-async fn settle(
-    queue: &dyn MessageQueue,
-    message: &ReceivedMessage,
-    outcome: entrega_core::ports::StoreResult<Disposition>,
-) {
-    let result = match outcome {
-        Ok(Disposition::Done) => queue.delete(&message.receipt).await,
-        Ok(Disposition::RetryIn(delay)) => queue.change_visibility(&message.receipt, delay).await,
-        Err(e) => {
-            tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
-            let wait = backoff(
-                message.receive_count,
-                BACKEND_ERROR_BACKOFF,
-                BACKEND_ERROR_BACKOFF_MAX,
-            );
-            queue.change_visibility(&message.receipt, wait).await
-        }
-    };
-    if let Err(e) = result {
-        // The message stays and reappears after its visibility timeout: nothing lost.
-        tracing::debug!(error = %e, "settling a message failed");
+    if let Err(e) = &outcome {
+        tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
     }
-}
-
-async fn pause(shutdown: &mut watch::Receiver<bool>, pause: Duration) {
-    tokio::select! {
-        _ = tokio::time::sleep(pause) => {}
-        _ = shutdown.changed() => {}
-    }
+    Settlement::of(&outcome, message.receive_count)
+        .apply(services.deliveries.as_ref(), &message.receipt)
+        .await;
 }
