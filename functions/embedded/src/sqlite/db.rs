@@ -45,6 +45,11 @@ const READER_CACHE_KIB: i64 = 1024;
 /// Memory-mapped I/O: reads of pages not in the cache are served from the OS page
 /// cache without a system call each.
 const MMAP_BYTES: i64 = 256 * 1024 * 1024;
+/// How often the checkpointer copies the log back into the database.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// Log pages past which the writer checkpoints by itself (SQLite's default is 1 000):
+/// only if the checkpointer falls behind; bounds the log file at about 40 MiB.
+const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
 /// Prepared statements kept per connection (every statement the store uses fits).
 const STATEMENT_CACHE: usize = 128;
 
@@ -186,6 +191,9 @@ impl SqliteDb {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", durability.pragma())?;
         tune(&conn)?;
+        // The checkpointer thread copies the log back into the database; the
+        // writer's own automatic checkpoint stays only as the bound if it falls behind.
+        conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
         schema::migrate(&mut conn)?;
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
@@ -197,6 +205,8 @@ impl SqliteDb {
             reader.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
             readers.push(reader);
         }
+        let checkpointer = Connection::open(path)?;
+        checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         std::thread::Builder::new()
             .name("entrega-sqlite-writer".into())
@@ -207,13 +217,24 @@ impl SqliteDb {
                     Some(format!("cannot start the writer thread: {e}")),
                 )
             })?;
+        let path = Arc::new(path.to_owned());
+        let alive = Arc::downgrade(&path);
+        std::thread::Builder::new()
+            .name("entrega-sqlite-checkpointer".into())
+            .spawn(move || checkpoint_loop(checkpointer, alive))
+            .map_err(|e| {
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                    Some(format!("cannot start the checkpointer thread: {e}")),
+                )
+            })?;
         Ok(Self {
             writes,
             readers: Arc::new(Readers {
                 idle: Mutex::new(readers),
                 freed: Condvar::new(),
             }),
-            path: Arc::new(path.to_owned()),
+            path,
             publish_pages: Arc::default(),
         })
     }
@@ -343,6 +364,19 @@ impl SqliteDb {
         .await
         .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
         .map_err(StoreError::from)
+    }
+}
+
+/// The checkpointer thread: every [`CHECKPOINT_EVERY`], copy what the log holds back
+/// into the database (a passive checkpoint: it never blocks the writer or a reader),
+/// off the writer's thread, so a commit never waits for a checkpoint. Ends when the
+/// last handle on the database is dropped.
+fn checkpoint_loop(conn: Connection, alive: std::sync::Weak<PathBuf>) {
+    while alive.strong_count() > 0 {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+            tracing::debug!(error = %e, "a checkpoint failed; the next one retries");
+        }
     }
 }
 
