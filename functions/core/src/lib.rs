@@ -13,6 +13,7 @@ pub mod event;
 pub mod failure;
 pub mod handlers;
 pub mod ids;
+pub mod memory;
 pub mod outcome;
 pub mod ports;
 pub mod retry;

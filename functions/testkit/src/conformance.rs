@@ -12,9 +12,11 @@ use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
 mod overdue;
+mod queue;
 mod slots;
 
 pub use overdue::overdue_deliveries_come_most_overdue_first;
+pub use queue::every_queue_promise;
 pub use slots::endpoint_slots_cap_each_endpoint;
 
 /// Every promise below, in turn, on one store: what each adapter's suite runs.

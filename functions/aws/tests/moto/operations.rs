@@ -135,3 +135,19 @@ async fn the_dynamodb_store_conforms() {
     every_promise(&store).await;
     endpoint_slots_cap_each_endpoint(&store).await;
 }
+
+/// The queue conformance suite, on SQS (moto): the same promises as the SQLite and
+/// in-memory queues. Each promise gets a queue of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sqs_queue_conforms() {
+    use entrega_core::ports::MessageQueue;
+    let stack = crate::harness::Stack::provisioned(Arc::new(SystemClock)).await;
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    entrega_testkit::conformance::every_queue_promise(|| async {
+        let name = format!("conformance-{:08x}", rand::random::<u32>());
+        let created = sqs.create_queue().queue_name(name).send().await.unwrap();
+        let url = created.queue_url().unwrap().to_owned();
+        Arc::new(entrega_aws::sqs::SqsQueue::new(sqs.clone(), url)) as Arc<dyn MessageQueue>
+    })
+    .await;
+}

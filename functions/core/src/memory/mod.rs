@@ -1,0 +1,8 @@
+//! In-memory adapters of the ports, beside the real ones: small enough to be
+//! obviously correct, for handler tests and deterministic simulations (time comes
+//! from the [`crate::ports::Clock`] they are given, so a `ManualClock` drives them).
+//! Every adapter here passes the same conformance suite as the SQLite and AWS ones.
+
+mod queue;
+
+pub use queue::MemoryQueue;
