@@ -51,3 +51,10 @@ async fn the_memory_queue_serves_groups_in_turn_and_caps_each_key() {
     assert!(next[0].body.starts_with('a') && next[0].body != a.body);
     assert_eq!(queue.len(), 101);
 }
+
+#[tokio::test]
+async fn the_memory_store_conforms() {
+    use entrega_core::memory::MemoryStore;
+    use entrega_testkit::conformance::every_promise;
+    every_promise(&MemoryStore::new(Arc::new(SystemClock))).await;
+}

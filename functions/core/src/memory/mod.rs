@@ -3,6 +3,9 @@
 //! from the [`crate::ports::Clock`] they are given, so a `ManualClock` drives them).
 //! Every adapter here passes the same conformance suite as the SQLite and AWS ones.
 
+mod log;
 mod queue;
+mod store;
 
 pub use queue::MemoryQueue;
+pub use store::MemoryStore;

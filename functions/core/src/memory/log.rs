@@ -1,0 +1,224 @@
+//! The delivery log in memory: deliveries (written conditionally on their version,
+//! with their attempts in the same step), attempts, and failure records.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::delivery::{Attempt, Delivery, DeliveryState};
+use crate::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
+use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use crate::ports::{DeliveryQuery, DeliveryStore, FailureStore, Page, StoreError, StoreResult};
+
+use super::store::{page_desc, MemoryStore};
+
+/// Failure records returned for one delivery at most (as the SQLite store).
+const MAX_FAILURES_PER_DELIVERY: usize = 1000;
+
+#[async_trait]
+impl DeliveryStore for MemoryStore {
+    async fn create_delivery_if_absent(
+        &self,
+        delivery: &Delivery,
+    ) -> StoreResult<(Delivery, bool)> {
+        let mut data = self.data();
+        if let Some(stored) = data.deliveries.get(delivery.id.as_str()) {
+            return Ok((stored.clone(), false));
+        }
+        data.deliveries
+            .insert(delivery.id.to_string(), delivery.clone());
+        Ok((delivery.clone(), true))
+    }
+
+    async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        Ok(self.data().deliveries.get(id.as_str()).cloned())
+    }
+
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<Delivery> {
+        let mut data = self.data();
+        let current = data.deliveries.get(delivery.id.as_str());
+        if current.is_none_or(|d| d.version != delivery.version) {
+            return Err(StoreError::Conflict(format!(
+                "delivery {} changed meanwhile",
+                delivery.id
+            )));
+        }
+        let mut next = delivery.clone();
+        next.version += 1;
+        data.deliveries.insert(next.id.to_string(), next.clone());
+        data.attempts.extend_from_slice(attempts);
+        Ok(next)
+    }
+
+    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
+        self.data().attempts.extend_from_slice(attempts);
+        Ok(())
+    }
+
+    async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let mut attempts: Vec<Attempt> = self
+            .data()
+            .attempts
+            .iter()
+            .filter(|a| a.delivery_id == *id)
+            .cloned()
+            .collect();
+        attempts.sort_by_key(|a| (a.generation, a.number, a.started_at));
+        Ok(attempts)
+    }
+
+    async fn list_deliveries(&self, q: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
+        let data = self.data();
+        let rows = data
+            .deliveries
+            .iter()
+            .map(|(id, d)| (id.clone(), d.clone()));
+        Ok(page_desc(rows, q.cursor.as_deref(), q.limit, |d| {
+            q.tenant.as_ref().is_none_or(|t| d.tenant_id == *t)
+                && q.endpoint_id.as_ref().is_none_or(|e| d.endpoint_id == *e)
+                && q.event_type.as_ref().is_none_or(|t| d.event_type == *t)
+                && q.status.is_none_or(|s| d.state.status() == s)
+                && q.since.is_none_or(|s| d.created_at >= s)
+                && q.until.is_none_or(|u| d.created_at < u)
+        }))
+    }
+
+    async fn deliveries_of_event(
+        &self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>> {
+        Ok(self
+            .data()
+            .deliveries
+            .values()
+            .filter(|d| d.tenant_id == *tenant && d.event_id == *id)
+            .cloned()
+            .collect())
+    }
+
+    async fn endpoint_attempts_since(
+        &self,
+        endpoint: &EndpointId,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Attempt>> {
+        let mut attempts: Vec<Attempt> = self
+            .data()
+            .attempts
+            .iter()
+            .filter(|a| a.endpoint_id == *endpoint && a.started_at >= since)
+            .cloned()
+            .collect();
+        attempts.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        attempts.truncate(limit);
+        Ok(attempts)
+    }
+
+    async fn paused_deliveries(
+        &self,
+        endpoint: &EndpointId,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        Ok(self
+            .data()
+            .deliveries
+            .values()
+            .filter(|d| d.endpoint_id == *endpoint && d.state == DeliveryState::Paused)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn overdue_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> StoreResult<Vec<Delivery>> {
+        let mut overdue: Vec<(DateTime<Utc>, Delivery)> = self
+            .data()
+            .deliveries
+            .values()
+            .filter_map(|d| {
+                d.due_at()
+                    .filter(|at| *at < before)
+                    .map(|at| (at, d.clone()))
+            })
+            .collect();
+        overdue.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(overdue.into_iter().take(limit).map(|(_, d)| d).collect())
+    }
+}
+
+#[async_trait]
+impl FailureStore for MemoryStore {
+    async fn put_failure_if_absent(&self, failure: &Failure) -> StoreResult<bool> {
+        let mut data = self.data();
+        if data.failures.contains_key(failure.id.as_str()) {
+            return Ok(false);
+        }
+        data.failures
+            .insert(failure.id.to_string(), failure.clone());
+        Ok(true)
+    }
+
+    async fn get_failure(&self, id: &FailureId) -> StoreResult<Option<Failure>> {
+        Ok(self.data().failures.get(id.as_str()).cloned())
+    }
+
+    async fn list_failures(&self, q: &FailureQuery) -> StoreResult<Page<Failure>> {
+        let data = self.data();
+        let rows = data.failures.iter().map(|(id, f)| (id.clone(), f.clone()));
+        Ok(page_desc(rows, q.cursor.as_deref(), q.limit, |f| {
+            q.tenant.as_ref().is_none_or(|t| f.tenant_id == *t)
+                && q.acknowledged
+                    .is_none_or(|ack| f.acknowledged_at.is_some() == ack)
+        }))
+    }
+
+    async fn oldest_unacknowledged(
+        &self,
+        limit: usize,
+        after: Option<&str>,
+    ) -> StoreResult<Page<Failure>> {
+        let data: Vec<Failure> = self
+            .data()
+            .failures
+            .iter()
+            .filter(|(id, f)| f.acknowledged_at.is_none() && after.is_none_or(|a| id.as_str() > a))
+            .take(limit + 1)
+            .map(|(_, f)| f.clone())
+            .collect();
+        Ok(Page::from_rows(data, limit, |f| f.id.to_string(), None))
+    }
+
+    async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
+        Ok(self
+            .data()
+            .failures
+            .values()
+            .filter(|f| f.delivery_id == *delivery)
+            .take(MAX_FAILURES_PER_DELIVERY)
+            .cloned()
+            .collect())
+    }
+
+    async fn acknowledge_failure(
+        &self,
+        id: &FailureId,
+        ack: &Acknowledgement,
+        again: Reacknowledge,
+    ) -> StoreResult<Option<Failure>> {
+        let mut data = self.data();
+        let Some(stored) = data.failures.get_mut(id.as_str()) else {
+            return Ok(None);
+        };
+        if stored.acknowledged_at.is_none() || again == Reacknowledge::Replace {
+            *stored = stored.clone().acknowledged(ack);
+        }
+        Ok(Some(stored.clone()))
+    }
+}

@@ -1,0 +1,342 @@
+//! The store in memory: tenants and keys, endpoints (configuration and health
+//! versioned apart), the outbox, counters and claims. Deliveries, attempts and
+//! failures are in [`super::log`]. One mutex over plain maps: every call is atomic,
+//! and every conditional write checks the version it was given, as the real stores do.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::delivery::{Attempt, Delivery};
+use crate::endpoint::Endpoint;
+use crate::endpoint_health::EndpointHealth;
+use crate::event::Event;
+use crate::failure::Failure;
+use crate::ids::{EndpointId, EventId, TenantId};
+use crate::ports::{
+    Clock, CounterStore, EndpointStore, EventStore, OutboxPage, Page, Published, StoreError,
+    StoreResult, TenantStore,
+};
+use crate::tenant::{Principal, Tenant};
+
+/// Outbox items read per page at most (as the SQLite store).
+const OUTBOX_PAGE_MAX: usize = 1000;
+
+#[derive(Default)]
+pub(super) struct Data {
+    tenants: BTreeMap<String, Tenant>,
+    keys: HashMap<String, Principal>,
+    endpoints: BTreeMap<String, Endpoint>,
+    /// In storage order; an item's sequence number is its index + 1.
+    outbox: Vec<Event>,
+    pub(super) deliveries: BTreeMap<String, Delivery>,
+    pub(super) attempts: Vec<Attempt>,
+    pub(super) failures: BTreeMap<String, Failure>,
+    /// Counter and claim values with when they expire (Unix seconds).
+    counters: HashMap<String, (u64, i64)>,
+    remembered: HashMap<String, (String, i64)>,
+}
+
+/// The in-memory store; cheap to clone (shared).
+#[derive(Clone)]
+pub struct MemoryStore {
+    pub(super) clock: Arc<dyn Clock>,
+    data: Arc<Mutex<Data>>,
+}
+
+impl MemoryStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            data: Arc::default(),
+        }
+    }
+
+    pub(super) fn data(&self) -> MutexGuard<'_, Data> {
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_secs(&self) -> i64 {
+        self.clock.now().timestamp()
+    }
+}
+
+/// Rows newest id first, after `cursor` (exclusive), one page of `limit`.
+pub(super) fn page_desc<T: Clone>(
+    rows: impl DoubleEndedIterator<Item = (String, T)>,
+    cursor: Option<&str>,
+    limit: usize,
+    keep: impl Fn(&T) -> bool,
+) -> Page<T> {
+    let mut data: Vec<(String, T)> = rows
+        .rev()
+        .filter(|(id, row)| cursor.is_none_or(|c| id.as_str() < c) && keep(row))
+        .take(limit + 1)
+        .collect();
+    let next_cursor = if data.len() > limit {
+        data.truncate(limit);
+        data.last().map(|(id, _)| id.clone())
+    } else {
+        None
+    };
+    Page {
+        data: data.into_iter().map(|(_, row)| row).collect(),
+        next_cursor,
+    }
+}
+
+#[async_trait]
+impl TenantStore for MemoryStore {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> StoreResult<()> {
+        let mut data = self.data();
+        let id = tenant.id.to_string();
+        if data.tenants.contains_key(&id) {
+            return Err(StoreError::Conflict(format!("tenant {id} exists")));
+        }
+        data.tenants.insert(id, tenant.clone());
+        data.keys.insert(
+            api_key_hash.to_owned(),
+            Principal::Tenant(tenant.id.clone()),
+        );
+        Ok(())
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {
+        Ok(self.data().tenants.get(id.as_str()).cloned())
+    }
+
+    async fn list_tenants(&self, limit: usize, cursor: Option<&str>) -> StoreResult<Page<Tenant>> {
+        let data = self.data();
+        let rows = data.tenants.iter().map(|(id, t)| (id.clone(), t.clone()));
+        Ok(page_desc(rows, cursor, limit, |_| true))
+    }
+
+    async fn put_api_key(&self, api_key_hash: &str, principal: &Principal) -> StoreResult<()> {
+        self.data()
+            .keys
+            .insert(api_key_hash.to_owned(), principal.clone());
+        Ok(())
+    }
+
+    async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
+        Ok(self.data().keys.get(api_key_hash).cloned())
+    }
+
+    async fn has_admin_key(&self) -> StoreResult<bool> {
+        Ok(self.data().keys.values().any(|p| *p == Principal::Admin))
+    }
+}
+
+#[async_trait]
+impl EndpointStore for MemoryStore {
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let mut data = self.data();
+        let id = endpoint.id.to_string();
+        if data.endpoints.contains_key(&id) {
+            return Err(StoreError::Conflict(format!("endpoint {id} exists")));
+        }
+        // Stored at version 0 with an empty health record, as the real stores do.
+        let mut stored = endpoint.clone();
+        stored.version = 0;
+        stored.health = EndpointHealth::default();
+        data.endpoints.insert(id, stored);
+        Ok(())
+    }
+
+    async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
+        Ok(self.data().endpoints.get(id.as_str()).cloned())
+    }
+
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<Endpoint> {
+        let mut data = self.data();
+        let id = endpoint.id.to_string();
+        let Some(stored) = data
+            .endpoints
+            .get_mut(&id)
+            .filter(|e| e.version == endpoint.version)
+        else {
+            return Err(StoreError::Conflict(format!(
+                "endpoint {id}: changed meanwhile or no longer exists"
+            )));
+        };
+        let mut next = endpoint.clone();
+        next.version += 1;
+        // The configuration only: the health record is versioned apart.
+        let health = std::mem::take(&mut stored.health);
+        *stored = next.clone();
+        stored.health = health;
+        Ok(next)
+    }
+
+    async fn update_endpoint_health(
+        &self,
+        id: &EndpointId,
+        health: &EndpointHealth,
+    ) -> StoreResult<EndpointHealth> {
+        let mut data = self.data();
+        let Some(stored) = data
+            .endpoints
+            .get_mut(id.as_str())
+            .filter(|e| e.health.version == health.version)
+        else {
+            return Err(StoreError::Conflict(format!(
+                "endpoint {id}: health changed meanwhile"
+            )));
+        };
+        let mut next = health.clone();
+        next.version += 1;
+        stored.health = next.clone();
+        Ok(next)
+    }
+
+    async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()> {
+        self.data().endpoints.remove(id.as_str());
+        Ok(())
+    }
+
+    async fn list_endpoints(
+        &self,
+        tenant: Option<&TenantId>,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> StoreResult<Page<Endpoint>> {
+        let data = self.data();
+        let rows = data.endpoints.iter().map(|(id, e)| (id.clone(), e.clone()));
+        Ok(page_desc(rows, cursor, limit, |e| {
+            tenant.is_none_or(|t| e.tenant_id == *t)
+        }))
+    }
+
+    async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
+        let data = self.data();
+        Ok(data
+            .endpoints
+            .values()
+            .filter(|e| e.tenant_id == *tenant)
+            .cloned()
+            .collect())
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn publish(&self, event: &Event) -> StoreResult<Published> {
+        let mut data = self.data();
+        let existing = data
+            .outbox
+            .iter()
+            .find(|e| e.tenant_id == event.tenant_id && e.id == event.id);
+        if let Some(existing) = existing {
+            return Ok(Published::Existing(existing.clone()));
+        }
+        data.outbox.push(event.clone());
+        Ok(Published::Created)
+    }
+
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
+        Ok(self
+            .data()
+            .outbox
+            .iter()
+            .find(|e| e.tenant_id == *tenant && e.id == *id)
+            .cloned())
+    }
+
+    async fn outbox_page(
+        &self,
+        since: DateTime<Utc>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<OutboxPage> {
+        let after: usize = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
+        let limit = limit.clamp(1, OUTBOX_PAGE_MAX);
+        let data = self.data();
+        let items: Vec<(usize, &Event)> = data
+            .outbox
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i + 1, e))
+            .skip(after)
+            .take(limit)
+            .collect();
+        let next_cursor = (items.len() == limit)
+            .then(|| items.last().map(|(seq, _)| seq.to_string()))
+            .flatten();
+        Ok(OutboxPage {
+            events: items
+                .into_iter()
+                .filter(|(_, e)| e.created_at >= since)
+                .map(|(_, e)| e.clone())
+                .collect(),
+            malformed: 0,
+            next_cursor,
+        })
+    }
+}
+
+#[async_trait]
+impl CounterStore for MemoryStore {
+    async fn increment(&self, key: &str, ttl: Duration) -> StoreResult<u64> {
+        let now = self.now_secs();
+        let mut data = self.data();
+        data.counters.retain(|_, (_, expires)| *expires >= now);
+        let counter = data
+            .counters
+            .entry(key.to_owned())
+            .or_insert((0, now + ttl.as_secs() as i64));
+        counter.0 += 1;
+        Ok(counter.0)
+    }
+
+    async fn increment_once(&self, key: &str, token: &str, ttl: Duration) -> StoreResult<u64> {
+        let now = self.now_secs();
+        let expires = now + ttl.as_secs() as i64;
+        let mut data = self.data();
+        data.remembered.retain(|_, (_, at)| *at >= now);
+        if data.remembered.contains_key(token) {
+            return Ok(data.counters.get(key).map_or(0, |(value, _)| *value));
+        }
+        data.remembered
+            .insert(token.to_owned(), ("counted".into(), expires));
+        let counter = data.counters.entry(key.to_owned()).or_insert((0, expires));
+        counter.0 += 1;
+        Ok(counter.0)
+    }
+
+    async fn remember_once(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> StoreResult<Option<String>> {
+        let now = self.now_secs();
+        let mut data = self.data();
+        data.remembered.retain(|_, (_, at)| *at >= now);
+        if let Some((existing, _)) = data.remembered.get(key) {
+            return Ok(Some(existing.clone()));
+        }
+        data.remembered.insert(
+            key.to_owned(),
+            (value.to_owned(), now + ttl.as_secs() as i64),
+        );
+        Ok(None)
+    }
+
+    async fn recall(&self, key: &str) -> StoreResult<Option<String>> {
+        let now = self.now_secs();
+        Ok(self
+            .data()
+            .remembered
+            .get(key)
+            .filter(|(_, at)| *at >= now)
+            .map(|(value, _)| value.clone()))
+    }
+
+    async fn forget(&self, key: &str) -> StoreResult<()> {
+        self.data().remembered.remove(key);
+        Ok(())
+    }
+}
