@@ -113,7 +113,7 @@ impl DeliveryStore for MemoryStore {
             .filter(|a| a.endpoint_id == *endpoint && a.started_at >= since)
             .cloned()
             .collect();
-        attempts.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        attempts.sort_by_key(|a| std::cmp::Reverse(a.started_at));
         attempts.truncate(limit);
         Ok(attempts)
     }
@@ -148,7 +148,7 @@ impl DeliveryStore for MemoryStore {
                     .map(|at| (at, d.clone()))
             })
             .collect();
-        overdue.sort_by(|a, b| a.0.cmp(&b.0));
+        overdue.sort_by_key(|(at, _)| *at);
         Ok(overdue.into_iter().take(limit).map(|(_, d)| d).collect())
     }
 }
