@@ -430,3 +430,7 @@ pub fn policy_of(endpoint: &Endpoint) -> RetryPolicy {
             .expect("the default preset is valid")
     })
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

@@ -3,9 +3,11 @@
 //! from the [`crate::ports::Clock`] they are given, so a `ManualClock` drives them).
 //! Every adapter here passes the same conformance suite as the SQLite and AWS ones.
 
+mod edges;
 mod log;
 mod queue;
 mod store;
 
+pub use edges::{response, RecordingNotifier, ScriptedTransport, World};
 pub use queue::MemoryQueue;
 pub use store::MemoryStore;

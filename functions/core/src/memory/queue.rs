@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::ports::{
-    Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
+    Clock, DelayLimits, LongDelayScheduler, MessageQueue, OutgoingMessage, ReceivedMessage,
+    StoreResult,
 };
 
 #[derive(Debug)]
@@ -195,5 +196,14 @@ impl MessageQueue for MemoryQueue {
 
     fn delay_limits(&self) -> DelayLimits {
         DelayLimits::UNLIMITED
+    }
+}
+
+/// Long delays are just later visibility here, as in the embedded queue.
+#[async_trait]
+impl LongDelayScheduler for MemoryQueue {
+    async fn schedule(&self, mut message: OutgoingMessage, at: DateTime<Utc>) -> StoreResult<()> {
+        message.delay = (at - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+        self.send(vec![message]).await
     }
 }

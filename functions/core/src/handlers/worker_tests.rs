@@ -1,0 +1,375 @@
+//! The worker's branches, each on the in-memory world: real handlers, a manual clock,
+//! a scripted transport, nothing leaving the process.
+
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+
+use super::*;
+use crate::delivery::DeliveryState;
+use crate::endpoint::{DeliveryMode, Endpoint};
+use crate::event::Event;
+use crate::handlers::fanout::fan_out;
+use crate::ids::{EventId, TenantId};
+use crate::memory::{response, World};
+use crate::ports::{Clock, MessageQueue, ReceivedMessage};
+use crate::retry::{CustomRetry, RetrySpec};
+use crate::tenant::Tenant;
+
+const HIDE: Duration = Duration::from_secs(60);
+
+struct Case {
+    world: World,
+    endpoint: Endpoint,
+}
+
+/// A tenant with one endpoint set up by `configure`, in a fresh world.
+async fn case(configure: impl FnOnce(&mut Endpoint)) -> Case {
+    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 7);
+    let now = world.clock.now();
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "Acme".into(),
+        owner_email: "owner@acme.example".into(),
+        created_at: now,
+    };
+    world
+        .services
+        .store
+        .create_tenant(&tenant, "hash")
+        .await
+        .unwrap();
+    let mut endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.acme.example/", now);
+    configure(&mut endpoint);
+    world
+        .services
+        .store
+        .create_endpoint(&endpoint)
+        .await
+        .unwrap();
+    Case { world, endpoint }
+}
+
+fn retry_after(delays_s: Vec<u64>) -> RetrySpec {
+    RetrySpec::Custom(CustomRetry {
+        delays_s,
+        jitter: 0.0,
+        retry_4xx: false,
+    })
+}
+
+impl Case {
+    /// Publish an event and fan it out; its delivery.
+    async fn publish(&self) -> Delivery {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: self.endpoint.tenant_id.clone(),
+            event_type: "lead.created".into(),
+            payload: r#"{"lead":1}"#.into(),
+            created_at: self.world.clock.now(),
+        };
+        self.world.services.store.publish(&event).await.unwrap();
+        fan_out(&self.world.services, &event).await.unwrap();
+        let deliveries = self
+            .world
+            .services
+            .store
+            .deliveries_of_event(&event.tenant_id, &event.id)
+            .await
+            .unwrap();
+        assert_eq!(deliveries.len(), 1);
+        deliveries[0].clone()
+    }
+
+    async fn receive(&self) -> Option<ReceivedMessage> {
+        self.world.deliveries.receive(1, HIDE).await.unwrap().pop()
+    }
+
+    /// Receive the next message, handle it, and settle it as a runtime would.
+    async fn handle_next(&self) -> Disposition {
+        let message = self.receive().await.expect("a message is waiting");
+        let disposition =
+            handle_delivery(&self.world.services, &message.body, message.receive_count)
+                .await
+                .unwrap();
+        match disposition {
+            Disposition::Done => self.world.deliveries.delete(&message.receipt).await,
+            Disposition::RetryIn(delay) => {
+                self.world
+                    .deliveries
+                    .change_visibility(&message.receipt, delay)
+                    .await
+            }
+        }
+        .unwrap();
+        disposition
+    }
+
+    async fn delivery(&self, id: &crate::ids::DeliveryId) -> Delivery {
+        self.world
+            .services
+            .store
+            .get_delivery(id)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    async fn attempts(&self, id: &crate::ids::DeliveryId) -> Vec<crate::delivery::Attempt> {
+        self.world.services.store.list_attempts(id).await.unwrap()
+    }
+
+    fn advance(&self, seconds: u64) {
+        self.world.clock.advance(Duration::from_secs(seconds));
+    }
+}
+
+#[tokio::test]
+async fn a_success_is_recorded_delivered_with_its_attempt_and_signed_headers() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let stored = c.delivery(&d.id).await;
+    assert_eq!(stored.state, DeliveryState::Delivered);
+    assert_eq!(stored.attempt_count, 1);
+    let attempts = c.attempts(&d.id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].status_code, Some(200));
+    let requests = c.world.transport.requests();
+    assert_eq!(requests.len(), 1);
+    let header = |name: &str| {
+        requests[0]
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header("webhook-id").as_deref(), Some(d.event_id.as_str()));
+    assert!(header("webhook-signature").is_some_and(|s| s.starts_with("v1,")));
+    assert!(c.world.deliveries.is_empty(), "the message is settled");
+}
+
+#[tokio::test]
+async fn a_503_is_retried_on_schedule_and_never_early() {
+    let c = case(|e| e.retry = retry_after(vec![10])).await;
+    c.world.transport.then([response(503)]);
+    let d = c.publish().await;
+    assert_eq!(
+        c.handle_next().await,
+        Disposition::RetryIn(Duration::from_secs(10))
+    );
+    let waiting = c.delivery(&d.id).await;
+    assert_eq!(waiting.state, DeliveryState::Retrying);
+    assert_eq!(
+        waiting.next_attempt_at,
+        Some(c.world.clock.now() + chrono::Duration::seconds(10))
+    );
+
+    // A copy of the message that comes back early (a duplicate) sends nothing.
+    c.world
+        .deliveries
+        .send(vec![
+            DeliveryTask::for_delivery(&waiting).message(8, Duration::ZERO)
+        ])
+        .await
+        .unwrap();
+    c.advance(4);
+    assert_eq!(
+        c.handle_next().await,
+        Disposition::RetryIn(Duration::from_secs(6))
+    );
+    assert_eq!(c.world.transport.requests().len(), 1, "not before its time");
+
+    c.advance(6);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let delivered = c.delivery(&d.id).await;
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    let statuses: Vec<_> = c
+        .attempts(&d.id)
+        .await
+        .iter()
+        .map(|a| a.status_code)
+        .collect();
+    assert_eq!(statuses, [Some(503), Some(200)]);
+}
+
+#[tokio::test]
+async fn gone_pauses_the_delivery_and_disables_the_endpoint_without_a_failure() {
+    let c = case(|_| {}).await;
+    c.world.transport.then([response(410)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
+    let endpoint = c
+        .world
+        .services
+        .store
+        .get_endpoint(&c.endpoint.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(endpoint.disabled, "410 disables the endpoint");
+    assert!(
+        c.world.failures.is_empty(),
+        "no failure notice for a gone URL"
+    );
+
+    // What is published meanwhile waits, paused, and is not sent.
+    let later = c.publish().await;
+    assert_eq!(later.state, DeliveryState::Paused);
+    assert_eq!(c.world.transport.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_deleted_endpoint_ends_its_delivery_quietly() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    c.world
+        .services
+        .store
+        .delete_endpoint(&c.endpoint.id)
+        .await
+        .unwrap();
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let ended = c.delivery(&d.id).await;
+    assert_eq!(ended.state, DeliveryState::Failed);
+    assert_eq!(
+        ended.last_error.as_deref(),
+        Some(state_machine::ENDPOINT_DELETED_ERROR)
+    );
+    assert!(c.world.transport.requests().is_empty());
+    assert!(c.world.failures.is_empty(), "nobody is left to tell");
+}
+
+#[tokio::test]
+async fn at_most_once_interrupted_after_begin_is_never_sent_and_becomes_a_failure() {
+    let c = case(|e| e.mode = DeliveryMode::AtMostOnce).await;
+    let d = c.publish().await;
+    // A worker began the attempt ("delivering" written) and died before sending.
+    let policy = policy_of(&c.endpoint);
+    let lease = Duration::from_secs(40);
+    let step = state_machine::begin(
+        &d,
+        0,
+        DeliveryMode::AtMostOnce,
+        &policy,
+        lease,
+        c.world.clock.now(),
+    )
+    .unwrap();
+    c.world
+        .services
+        .store
+        .save_delivery(&step.delivery, &[])
+        .await
+        .unwrap();
+
+    // Within the lease, the message waits for the attempt that may be running.
+    let first = c.handle_next().await;
+    assert!(matches!(first, Disposition::RetryIn(_)), "{first:?}");
+    assert!(c.world.transport.requests().is_empty());
+
+    c.advance(41);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert!(c.world.transport.requests().is_empty(), "never sent twice");
+    let failed = c.delivery(&d.id).await;
+    assert_eq!(failed.state, DeliveryState::Failed);
+    assert_eq!(c.world.failures.len(), 1, "the failure handler is told");
+    let attempts = c.attempts(&d.id).await;
+    assert_eq!(
+        attempts[0].failure_kind,
+        Some(crate::outcome::FailureKind::Interrupted)
+    );
+}
+
+#[tokio::test]
+async fn a_message_from_before_a_resend_sends_nothing() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    let stale = c.receive().await.unwrap();
+
+    // Support resends it before the old message is handled.
+    let current = c.delivery(&d.id).await;
+    let resent = state_machine::resend(&current, "support", c.world.clock.now());
+    let saved = c
+        .world
+        .services
+        .store
+        .save_delivery(&resent, &[])
+        .await
+        .unwrap();
+    c.world
+        .deliveries
+        .send(vec![
+            DeliveryTask::for_delivery(&saved).message(8, Duration::ZERO)
+        ])
+        .await
+        .unwrap();
+
+    let old = handle_delivery(&c.world.services, &stale.body, stale.receive_count)
+        .await
+        .unwrap();
+    assert_eq!(old, Disposition::Done);
+    assert!(
+        c.world.transport.requests().is_empty(),
+        "the old generation is void"
+    );
+
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let delivered = c.delivery(&d.id).await;
+    assert_eq!(
+        (delivered.state, delivered.generation),
+        (DeliveryState::Delivered, 1)
+    );
+    assert_eq!(c.world.transport.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_disabled_endpoint_pauses_its_waiting_delivery() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    let mut endpoint = c.endpoint.clone();
+    endpoint.disabled = true;
+    c.world
+        .services
+        .store
+        .update_endpoint(&endpoint)
+        .await
+        .unwrap();
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
+    assert!(c.world.transport.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_busy_endpoint_hides_the_message_instead_of_waiting() {
+    let c = case(|e| e.max_concurrency = 1).await;
+    let d = c.publish().await;
+    // Another attempt holds the endpoint's only slot.
+    let held = c
+        .world
+        .services
+        .slots
+        .acquire(
+            &c.endpoint.id,
+            1,
+            "another",
+            c.world.clock.now(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert!(held.is_some());
+    // Hidden for the first step of the backoff (jittered over its upper half).
+    match c.handle_next().await {
+        Disposition::RetryIn(wait) => {
+            assert!(
+                wait >= SLOTS_BUSY_BACKOFF / 2 && wait <= SLOTS_BUSY_BACKOFF,
+                "{wait:?}"
+            )
+        }
+        other => panic!("a busy endpoint's message is kept: {other:?}"),
+    }
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Pending);
+    assert!(c.world.transport.requests().is_empty());
+}

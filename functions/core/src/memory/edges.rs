@@ -1,0 +1,138 @@
+//! The edges of the process in memory: a transport that answers from a script and
+//! records every request, and a notifier that records every notice. With the store,
+//! the queues, a manual clock and a seeded random source they make [`World`]: the
+//! real handlers run on it with nothing leaving the process.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{MemoryQueue, MemoryStore};
+use crate::outcome::TransportResult;
+use crate::ports::{
+    ManualClock, NoBacklog, NoMetrics, Notice, Notifier, SeededRandom, Services, Settings,
+    SignedRequest, StoreResult, Transport,
+};
+use crate::slots::InProcessSlots;
+
+/// Answers requests in order from a script, then with a fallback; records each.
+pub struct ScriptedTransport {
+    script: Mutex<VecDeque<TransportResult>>,
+    fallback: Mutex<TransportResult>,
+    seen: Mutex<Vec<SignedRequest>>,
+}
+
+impl ScriptedTransport {
+    /// Every request answered with `status`.
+    pub fn answering(status: u16) -> Self {
+        Self {
+            script: Mutex::default(),
+            fallback: Mutex::new(response(status)),
+            seen: Mutex::default(),
+        }
+    }
+
+    /// The next requests answered with these results, in order.
+    pub fn then(&self, results: impl IntoIterator<Item = TransportResult>) -> &Self {
+        lock(&self.script).extend(results);
+        self
+    }
+
+    /// From now on, requests the script does not cover get `result`.
+    pub fn otherwise(&self, result: TransportResult) {
+        *lock(&self.fallback) = result;
+    }
+
+    /// Every request sent so far.
+    pub fn requests(&self) -> Vec<SignedRequest> {
+        lock(&self.seen).clone()
+    }
+}
+
+/// A final response with `status` and an empty body.
+pub fn response(status: u16) -> TransportResult {
+    TransportResult::Response {
+        status,
+        retry_after: None,
+        excerpt: String::new(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[async_trait]
+impl Transport for ScriptedTransport {
+    async fn send(&self, request: &SignedRequest) -> TransportResult {
+        lock(&self.seen).push(request.clone());
+        let scripted = lock(&self.script).pop_front();
+        scripted.unwrap_or_else(|| lock(&self.fallback).clone())
+    }
+}
+
+/// Records every notice.
+#[derive(Default)]
+pub struct RecordingNotifier(Mutex<Vec<Notice>>);
+
+impl RecordingNotifier {
+    pub fn notices(&self) -> Vec<Notice> {
+        lock(&self.0).clone()
+    }
+}
+
+#[async_trait]
+impl Notifier for RecordingNotifier {
+    async fn notify(&self, notice: &Notice) -> StoreResult<()> {
+        lock(&self.0).push(notice.clone());
+        Ok(())
+    }
+}
+
+/// Every port in memory, and handles on each for a test to drive and inspect.
+pub struct World {
+    pub services: Services,
+    pub clock: Arc<ManualClock>,
+    pub store: MemoryStore,
+    pub deliveries: MemoryQueue,
+    pub failures: MemoryQueue,
+    pub transport: Arc<ScriptedTransport>,
+    pub notices: Arc<RecordingNotifier>,
+}
+
+impl World {
+    /// A world at `start`, its endpoints answering 200, its randomness from `seed`.
+    pub fn new(start: DateTime<Utc>, seed: u64) -> Self {
+        let clock = Arc::new(ManualClock::new(start));
+        let store = MemoryStore::new(clock.clone());
+        let deliveries = MemoryQueue::new(clock.clone());
+        let failures = MemoryQueue::new(clock.clone());
+        let transport = Arc::new(ScriptedTransport::answering(200));
+        let notices = Arc::new(RecordingNotifier::default());
+        let services = Services {
+            store: Arc::new(store.clone()),
+            deliveries: Arc::new(deliveries.clone()),
+            failures: Arc::new(failures.clone()),
+            scheduler: Arc::new(deliveries.clone()),
+            notifier: notices.clone(),
+            transport: transport.clone(),
+            clock: clock.clone(),
+            metrics: Arc::new(NoMetrics),
+            backlog: Arc::new(NoBacklog),
+            slots: Arc::new(InProcessSlots::default()),
+            random: Arc::new(SeededRandom::new(seed)),
+            settings: Settings::default(),
+        };
+        Self {
+            services,
+            clock,
+            store,
+            deliveries,
+            failures,
+            transport,
+            notices,
+        }
+    }
+}
