@@ -111,7 +111,7 @@ pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchRes
         settle(
             services.deliveries.as_ref(),
             &message,
-            Settlement::of(&outcome, receives),
+            Settlement::of(&outcome, receives, services.random.as_ref()),
         )
         .await
     });
@@ -133,7 +133,8 @@ pub async fn failure_batch(services: &Services, event: SqsEvent) -> SqsBatchResp
         if let Err(e) = &outcome {
             tracing::error!(error = %e, "failure handler failed; the notice will return");
         }
-        let settlement = Settlement::of(&outcome, receive_count(&message));
+        let settlement =
+            Settlement::of(&outcome, receive_count(&message), services.random.as_ref());
         if let Some(id) = settle(services.failures.as_ref(), &message, settlement).await {
             response.add_failure(id);
         }

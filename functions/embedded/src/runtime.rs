@@ -205,9 +205,13 @@ impl Runtime {
             if let Err(e) = &outcome {
                 failed = Some(e.clone());
             }
-            Settlement::of(&outcome, message.receive_count)
-                .apply(queue.as_ref(), &message.receipt)
-                .await;
+            Settlement::of(
+                &outcome,
+                message.receive_count,
+                self.services.random.as_ref(),
+            )
+            .apply(queue.as_ref(), &message.receipt)
+            .await;
         }
         match failed {
             Some(e) => Err(e),
@@ -250,7 +254,7 @@ async fn run_delivery(services: &Services, conditions: &Conditions, message: Rec
     if let Err(e) = &outcome {
         tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
     }
-    Settlement::of(&outcome, message.receive_count)
+    Settlement::of(&outcome, message.receive_count, services.random.as_ref())
         .apply(services.deliveries.as_ref(), &message.receipt)
         .await;
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use entrega_core::handlers::worker::Disposition;
 use entrega_core::handlers::{backoff, BACKEND_ERROR_BACKOFF, BACKEND_ERROR_BACKOFF_MAX};
-use entrega_core::ports::{MessageQueue, StoreError, StoreResult};
+use entrega_core::ports::{MessageQueue, RandomSource, StoreError, StoreResult};
 use tokio::sync::watch;
 
 /// How often the 24-hour rule is checked where no scheduler runs it (the embedded
@@ -39,7 +39,11 @@ impl Settlement {
     /// times. A backend error hides the message for a time growing with its receives
     /// (not a fixed few seconds, which retried a throttled table until the receive
     /// count ran out, nor the queue's whole visibility timeout).
-    pub fn of(outcome: &StoreResult<Disposition>, receive_count: u32) -> Self {
+    pub fn of(
+        outcome: &StoreResult<Disposition>,
+        receive_count: u32,
+        random: &dyn RandomSource,
+    ) -> Self {
         match outcome {
             Ok(Disposition::Done) => Self::Delete,
             Ok(Disposition::RetryIn(delay)) => Self::Hide(*delay),
@@ -47,6 +51,7 @@ impl Settlement {
                 receive_count,
                 BACKEND_ERROR_BACKOFF,
                 BACKEND_ERROR_BACKOFF_MAX,
+                random,
             )),
         }
     }

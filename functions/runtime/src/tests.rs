@@ -1,16 +1,18 @@
 use std::sync::{Arc, Mutex};
 
+use entrega_core::ports::SystemRandom;
+
 use super::*;
 
 #[test]
 fn a_handler_outcome_settles_its_message() {
     assert_eq!(
-        Settlement::of(&Ok(Disposition::Done), 1),
+        Settlement::of(&Ok(Disposition::Done), 1, &SystemRandom),
         Settlement::Delete
     );
     let later = Duration::from_secs(42);
     assert_eq!(
-        Settlement::of(&Ok(Disposition::RetryIn(later)), 7),
+        Settlement::of(&Ok(Disposition::RetryIn(later)), 7, &SystemRandom),
         Settlement::Hide(later)
     );
 }
@@ -18,7 +20,7 @@ fn a_handler_outcome_settles_its_message() {
 #[test]
 fn a_backend_error_hides_the_message_longer_with_each_receive_up_to_a_cap() {
     let error = Err(StoreError::Backend("throttled".into()));
-    let hidden = |receives| match Settlement::of(&error, receives) {
+    let hidden = |receives| match Settlement::of(&error, receives, &SystemRandom) {
         Settlement::Hide(delay) => delay,
         Settlement::Delete => panic!("a backend error never deletes the message"),
     };

@@ -36,11 +36,18 @@ pub const BACKEND_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// How long to hide a message on its `receive_count`th receive: `base` doubled per
 /// receive after the first, capped at `max`, and spread over its upper half at random
 /// so that messages that failed together do not all come back together.
-pub fn backoff(receive_count: u32, base: Duration, max: Duration) -> Duration {
+pub fn backoff(
+    receive_count: u32,
+    base: Duration,
+    max: Duration,
+    random: &dyn crate::ports::RandomSource,
+) -> Duration {
     let doublings = receive_count.saturating_sub(1).min(16);
     let full = base.saturating_mul(1 << doublings).min(max);
     let half = full / 2;
-    half + full.mul_f64(rand::random::<f64>() * 0.5)
+    // 53 random bits: a uniform fraction in [0, 1).
+    let unit = (random.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    half + full.mul_f64(unit * 0.5)
 }
 
 #[cfg(test)]
@@ -53,7 +60,7 @@ mod tests {
         let max = Duration::from_secs(60);
         for (receives, full) in [(0, 4), (1, 4), (2, 8), (3, 16), (4, 32), (5, 60), (40, 60)] {
             for _ in 0..50 {
-                let wait = backoff(receives, base, max);
+                let wait = backoff(receives, base, max, &crate::ports::SystemRandom);
                 let full = Duration::from_secs(full);
                 assert!(wait >= full / 2 && wait <= full, "{receives}: {wait:?}");
             }

@@ -243,7 +243,12 @@ async fn take_slot(
         return Ok(Ok(slot));
     }
     tracing::debug!("every slot of the endpoint is taken");
-    let wait = super::backoff(receive_count, SLOTS_BUSY_BACKOFF, SLOTS_BUSY_BACKOFF_MAX);
+    let wait = super::backoff(
+        receive_count,
+        SLOTS_BUSY_BACKOFF,
+        SLOTS_BUSY_BACKOFF_MAX,
+        services.random.as_ref(),
+    );
     if receive_count >= SLOTS_BUSY_RESEND_AFTER {
         let fresh = task.message(endpoint.max_concurrency, wait);
         services.deliveries.send(vec![fresh]).await?;
