@@ -3,6 +3,7 @@
 //! (the local AWS emulator) started and stopped by the test that needs it.
 
 pub mod conformance;
+pub mod sim;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

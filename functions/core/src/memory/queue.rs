@@ -62,6 +62,12 @@ impl MemoryQueue {
         self.len() == 0
     }
 
+    /// When the next message becomes receivable (`None`: the queue is empty). A
+    /// simulation moves its clock there when nothing is receivable now.
+    pub fn next_visible_at(&self) -> Option<DateTime<Utc>> {
+        self.lock().messages.values().map(|m| m.visible_at).min()
+    }
+
     /// Every message's body, visible or not, oldest first (for invariant checks).
     pub fn bodies(&self) -> Vec<String> {
         self.lock()
