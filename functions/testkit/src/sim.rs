@@ -30,8 +30,8 @@ use entrega_core::ports::{
 use entrega_core::tenant::Tenant;
 use entrega_runtime::Settlement;
 
-/// How an endpoint answers at a moment of virtual time.
-pub type Behaviour = Box<dyn Fn(DateTime<Utc>) -> TransportResult + Send + Sync>;
+/// How an endpoint answers a request (by its `webhook-id`) at a moment of virtual time.
+pub type Behaviour = Box<dyn Fn(DateTime<Utc>, &str) -> TransportResult + Send + Sync>;
 
 /// Messages taken per receive, as a runtime's batch.
 const BATCH: usize = 64;
@@ -60,16 +60,16 @@ struct Endpoints {
 impl Transport for Endpoints {
     async fn send(&self, request: &SignedRequest) -> TransportResult {
         let now = self.clock.now();
-        let answer = match self.behaviours.lock().unwrap().get(&request.url) {
-            Some(behave) => behave(now),
-            None => response(200),
-        };
         let webhook_id = request
             .headers
             .iter()
             .find(|(name, _)| name == "webhook-id")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
+        let answer = match self.behaviours.lock().unwrap().get(&request.url) {
+            Some(behave) => behave(now, &webhook_id),
+            None => response(200),
+        };
         self.arrivals.lock().unwrap().push(Arrival {
             url: request.url.clone(),
             webhook_id,
