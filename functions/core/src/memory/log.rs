@@ -26,6 +26,13 @@ impl DeliveryStore for MemoryStore {
         }
         data.deliveries
             .insert(delivery.id.to_string(), delivery.clone());
+        data.deliveries_by_event
+            .entry((
+                delivery.tenant_id.to_string(),
+                delivery.event_id.to_string(),
+            ))
+            .or_default()
+            .push(delivery.id.to_string());
         Ok((delivery.clone(), true))
     }
 
@@ -49,22 +56,23 @@ impl DeliveryStore for MemoryStore {
         let mut next = delivery.clone();
         next.version += 1;
         data.deliveries.insert(next.id.to_string(), next.clone());
-        data.attempts.extend_from_slice(attempts);
+        data.append_attempts(attempts);
         Ok(next)
     }
 
     async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
-        self.data().attempts.extend_from_slice(attempts);
+        self.data().append_attempts(attempts);
         Ok(())
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
-        let mut attempts: Vec<Attempt> = self
-            .data()
-            .attempts
-            .iter()
-            .filter(|a| a.delivery_id == *id)
-            .cloned()
+        let data = self.data();
+        let mut attempts: Vec<Attempt> = data
+            .attempts_by_delivery
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .map(|&at| data.attempts[at].clone())
             .collect();
         attempts.sort_by_key(|a| (a.generation, a.number, a.started_at));
         Ok(attempts)
@@ -91,13 +99,16 @@ impl DeliveryStore for MemoryStore {
         tenant: &TenantId,
         id: &EventId,
     ) -> StoreResult<Vec<Delivery>> {
-        Ok(self
-            .data()
-            .deliveries
-            .values()
-            .filter(|d| d.tenant_id == *tenant && d.event_id == *id)
-            .cloned()
-            .collect())
+        let data = self.data();
+        let mut found: Vec<Delivery> = data
+            .deliveries_by_event
+            .get(&(tenant.to_string(), id.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|d| data.deliveries.get(d).cloned())
+            .collect();
+        found.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        Ok(found)
     }
 
     async fn endpoint_attempts_since(

@@ -4,7 +4,7 @@
 //! receiving is round-robin over groups (tenants) with each concurrency key (endpoint)
 //! capped at its limit in flight — as the embedded queue does.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,16 +26,35 @@ struct Message {
     receive_count: u32,
     /// Which receipt is current (bumped on every receive).
     receipt: u64,
-    /// Received and not yet deleted or made visible.
-    in_flight: bool,
 }
 
 #[derive(Debug, Default)]
 struct State {
     next_id: u64,
     messages: BTreeMap<u64, Message>,
+    /// Every message by when it becomes receivable: a receive reads only the due.
+    by_visibility: BTreeSet<(DateTime<Utc>, u64)>,
+    /// Messages received and not since settled or made visible.
+    in_flight: BTreeSet<u64>,
     /// Groups in receive order; the front one is served first.
     turn: VecDeque<String>,
+}
+
+impl State {
+    fn set_visible_at(&mut self, id: u64, at: DateTime<Utc>) {
+        if let Some(m) = self.messages.get_mut(&id) {
+            self.by_visibility.remove(&(m.visible_at, id));
+            m.visible_at = at;
+            self.by_visibility.insert((at, id));
+        }
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(m) = self.messages.remove(&id) {
+            self.by_visibility.remove(&(m.visible_at, id));
+            self.in_flight.remove(&id);
+        }
+    }
 }
 
 /// The in-memory queue; cheap to clone (shared).
@@ -65,7 +84,7 @@ impl MemoryQueue {
     /// When the next message becomes receivable (`None`: the queue is empty). A
     /// simulation moves its clock there when nothing is receivable now.
     pub fn next_visible_at(&self) -> Option<DateTime<Utc>> {
-        self.lock().messages.values().map(|m| m.visible_at).min()
+        self.lock().by_visibility.first().map(|(at, _)| *at)
     }
 
     /// Every message's body, visible or not, oldest first (for invariant checks).
@@ -95,29 +114,6 @@ fn delay(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-impl State {
-    /// A visible message of `group` whose key has room, oldest first.
-    fn next_of(&self, group: &str, now: DateTime<Utc>) -> Option<u64> {
-        self.messages
-            .iter()
-            .filter(|(_, m)| m.group == group && m.visible_at <= now)
-            .find(|(_, m)| match &m.key {
-                None => true,
-                Some(key) => {
-                    let busy = self
-                        .messages
-                        .values()
-                        .filter(|o| {
-                            o.in_flight && o.visible_at > now && o.key.as_ref() == Some(key)
-                        })
-                        .count();
-                    busy < m.limit.max(1) as usize
-                }
-            })
-            .map(|(id, _)| *id)
-    }
-}
-
 #[async_trait]
 impl MessageQueue for MemoryQueue {
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
@@ -129,6 +125,8 @@ impl MessageQueue for MemoryQueue {
             if !state.turn.contains(&m.group) {
                 state.turn.push_back(m.group.clone());
             }
+            let visible_at = now + delay(m.delay);
+            state.by_visibility.insert((visible_at, id));
             state.messages.insert(
                 id,
                 Message {
@@ -136,10 +134,9 @@ impl MessageQueue for MemoryQueue {
                     group: m.group,
                     key: m.concurrency_key,
                     limit: m.concurrency_limit,
-                    visible_at: now + delay(m.delay),
+                    visible_at,
                     receive_count: 0,
                     receipt: 0,
-                    in_flight: false,
                 },
             );
         }
@@ -148,7 +145,29 @@ impl MessageQueue for MemoryQueue {
 
     async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
         let now = self.clock.now();
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        // Attempts in flight per key: received and still hidden.
+        let mut busy: HashMap<String, usize> = HashMap::new();
+        for id in &state.in_flight {
+            let m = &state.messages[id];
+            if let (Some(key), true) = (&m.key, m.visible_at > now) {
+                *busy.entry(key.clone()).or_default() += 1;
+            }
+        }
+        // The due messages of each group, oldest first.
+        let mut due: HashMap<String, VecDeque<u64>> = HashMap::new();
+        let mut ids: Vec<u64> = state
+            .by_visibility
+            .range(..=(now, u64::MAX))
+            .map(|(_, id)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            due.entry(state.messages[&id].group.clone())
+                .or_default()
+                .push_back(id);
+        }
         let mut out = Vec::new();
         // One message per group per round, groups in turn: a tenant's backlog does
         // not stand in front of another tenant's message.
@@ -157,18 +176,32 @@ impl MessageQueue for MemoryQueue {
             let Some(group) = state.turn.pop_front() else {
                 break;
             };
-            let picked = state.next_of(&group, now);
+            let candidates = due.entry(group.clone()).or_default();
+            let room = |id: &u64| {
+                let m = &state.messages[id];
+                m.key
+                    .as_ref()
+                    .is_none_or(|k| busy.get(k).copied().unwrap_or(0) < m.limit.max(1) as usize)
+            };
+            let picked = candidates
+                .iter()
+                .position(room)
+                .and_then(|at| candidates.remove(at));
             state.turn.push_back(group);
             let Some(id) = picked else {
                 idle_groups += 1;
                 continue;
             };
             idle_groups = 0;
+            let hidden_until = now + delay(visibility);
+            state.set_visible_at(id, hidden_until);
+            state.in_flight.insert(id);
             let message = state.messages.get_mut(&id).expect("picked from the map");
             message.receive_count += 1;
             message.receipt += 1;
-            message.in_flight = true;
-            message.visible_at = now + delay(visibility);
+            if let Some(key) = &message.key {
+                *busy.entry(key.clone()).or_default() += 1;
+            }
             out.push(ReceivedMessage {
                 receipt: receipt_of(id, message.receipt),
                 body: message.body.clone(),
@@ -182,9 +215,9 @@ impl MessageQueue for MemoryQueue {
         let now = self.clock.now();
         let mut state = self.lock();
         if let Some((id, number)) = parse_receipt(receipt) {
-            if let Some(m) = state.messages.get_mut(&id).filter(|m| m.receipt == number) {
-                m.visible_at = now + delay(hide);
-                m.in_flight = false;
+            if state.messages.get(&id).is_some_and(|m| m.receipt == number) {
+                state.set_visible_at(id, now + delay(hide));
+                state.in_flight.remove(&id);
             }
         }
         Ok(())
@@ -194,7 +227,7 @@ impl MessageQueue for MemoryQueue {
         let mut state = self.lock();
         if let Some((id, number)) = parse_receipt(receipt) {
             if state.messages.get(&id).is_some_and(|m| m.receipt == number) {
-                state.messages.remove(&id);
+                state.remove(id);
             }
         }
         Ok(())

@@ -32,8 +32,15 @@ pub(super) struct Data {
     endpoints: BTreeMap<String, Endpoint>,
     /// In storage order; an item's sequence number is its index + 1.
     outbox: Vec<Event>,
+    /// Where each (tenant, event id) is in the outbox.
+    event_index: HashMap<(String, String), usize>,
     pub(super) deliveries: BTreeMap<String, Delivery>,
+    /// Delivery ids of each (tenant, event id).
+    pub(super) deliveries_by_event: HashMap<(String, String), Vec<String>>,
+    /// In append order.
     pub(super) attempts: Vec<Attempt>,
+    /// Positions in `attempts` of each delivery's attempts.
+    pub(super) attempts_by_delivery: HashMap<String, Vec<usize>>,
     pub(super) failures: BTreeMap<String, Failure>,
     /// Counter and claim values with when they expire (Unix seconds).
     counters: HashMap<String, (u64, i64)>,
@@ -61,6 +68,19 @@ impl MemoryStore {
 
     fn now_secs(&self) -> i64 {
         self.clock.now().timestamp()
+    }
+}
+
+impl Data {
+    pub(super) fn append_attempts(&mut self, attempts: &[Attempt]) {
+        for attempt in attempts {
+            let at = self.attempts.len();
+            self.attempts.push(attempt.clone());
+            self.attempts_by_delivery
+                .entry(attempt.delivery_id.to_string())
+                .or_default()
+                .push(at);
+        }
     }
 }
 
@@ -225,24 +245,20 @@ impl EndpointStore for MemoryStore {
 impl EventStore for MemoryStore {
     async fn publish(&self, event: &Event) -> StoreResult<Published> {
         let mut data = self.data();
-        let existing = data
-            .outbox
-            .iter()
-            .find(|e| e.tenant_id == event.tenant_id && e.id == event.id);
-        if let Some(existing) = existing {
-            return Ok(Published::Existing(existing.clone()));
+        let key = (event.tenant_id.to_string(), event.id.to_string());
+        if let Some(&at) = data.event_index.get(&key) {
+            return Ok(Published::Existing(data.outbox[at].clone()));
         }
+        let at = data.outbox.len();
         data.outbox.push(event.clone());
+        data.event_index.insert(key, at);
         Ok(Published::Created)
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
-        Ok(self
-            .data()
-            .outbox
-            .iter()
-            .find(|e| e.tenant_id == *tenant && e.id == *id)
-            .cloned())
+        let data = self.data();
+        let at = data.event_index.get(&(tenant.to_string(), id.to_string()));
+        Ok(at.map(|&at| data.outbox[at].clone()))
     }
 
     async fn outbox_page(
