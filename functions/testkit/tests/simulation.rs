@@ -368,7 +368,7 @@ async fn soak_with_faults_and_crashes_keeps_every_invariant() {
             3 => Box::new(move |now, _| response(if now < start + HOUR * 5 { 503 } else { 200 })),
             4 => Box::new(|_, _| response(500)),
             5 => Box::new(|_, id: &str| {
-                if id.len() % 2 == 0 {
+                if id.len().is_multiple_of(2) {
                     TransportResult::Response {
                         status: 429,
                         retry_after: Some("90".into()),
