@@ -87,6 +87,17 @@ impl MemoryQueue {
         self.lock().by_visibility.first().map(|(at, _)| *at)
     }
 
+    /// When the next message becomes receivable after `t` (messages visible at `t`
+    /// that no receive took are waiting for their key's room, which only a settled
+    /// message makes).
+    pub fn next_visible_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.lock()
+            .by_visibility
+            .range((t, u64::MAX)..)
+            .next()
+            .map(|(at, _)| *at)
+    }
+
     /// Every message's body, visible or not, oldest first (for invariant checks).
     pub fn bodies(&self) -> Vec<String> {
         self.lock()

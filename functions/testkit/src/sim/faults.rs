@@ -1,0 +1,77 @@
+//! The faults a simulation injects, drawn from its seed: crashes (decided by the
+//! runner and the endpoints' transport), and a delivery queue whose sends fail or
+//! are duplicated.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use entrega_core::memory::MemoryQueue;
+use entrega_core::ports::{
+    DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
+};
+use rand::Rng;
+
+/// How often each fault strikes (each a probability per chance).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// Per request sent: the process dies before it learns the outcome.
+    pub crash_after_send: f64,
+    /// Per handled message: the process dies after recording, before settling.
+    pub crash_before_ack: f64,
+    /// Per queue send: it fails (a backend error; a fan-out dies midway).
+    pub send_failure: f64,
+    /// Per message sent: it is delivered twice.
+    pub duplicate: f64,
+}
+
+/// The fault dice, seeded apart from the handlers' randomness.
+pub(super) struct Dice(pub(super) Mutex<rand::rngs::StdRng>);
+
+impl Dice {
+    pub(super) fn roll(&self, p: f64) -> bool {
+        p > 0.0 && self.0.lock().unwrap().gen_bool(p.min(1.0))
+    }
+}
+
+/// The delivery queue as the handlers see it: sends may fail or be duplicated.
+pub(super) struct FaultyQueue {
+    pub(super) inner: MemoryQueue,
+    pub(super) faults: Faults,
+    pub(super) dice: Arc<Dice>,
+}
+
+#[async_trait]
+impl MessageQueue for FaultyQueue {
+    async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        if self.dice.roll(self.faults.send_failure) {
+            return Err(StoreError::Backend(
+                "injected: the queue refused the send".into(),
+            ));
+        }
+        let mut sent = Vec::with_capacity(messages.len());
+        for m in messages {
+            if self.dice.roll(self.faults.duplicate) {
+                sent.push(m.clone());
+            }
+            sent.push(m);
+        }
+        self.inner.send(sent).await
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
+        self.inner.receive(max, visibility).await
+    }
+
+    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
+        self.inner.change_visibility(receipt, delay).await
+    }
+
+    async fn delete(&self, receipt: &str) -> StoreResult<()> {
+        self.inner.delete(receipt).await
+    }
+
+    fn delay_limits(&self) -> DelayLimits {
+        self.inner.delay_limits()
+    }
+}
