@@ -67,3 +67,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod handler_tests;

@@ -208,26 +208,10 @@ impl SqliteDb {
         let checkpointer = Connection::open(path)?;
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
-        std::thread::Builder::new()
-            .name("entrega-sqlite-writer".into())
-            .spawn(move || write_loop(conn, queued))
-            .map_err(|e| {
-                rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                    Some(format!("cannot start the writer thread: {e}")),
-                )
-            })?;
+        spawn("writer", move || write_loop(conn, queued))?;
         let path = Arc::new(path.to_owned());
         let alive = Arc::downgrade(&path);
-        std::thread::Builder::new()
-            .name("entrega-sqlite-checkpointer".into())
-            .spawn(move || checkpoint_loop(checkpointer, alive))
-            .map_err(|e| {
-                rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                    Some(format!("cannot start the checkpointer thread: {e}")),
-                )
-            })?;
+        spawn("checkpointer", move || checkpoint_loop(checkpointer, alive))?;
         Ok(Self {
             writes,
             readers: Arc::new(Readers {
@@ -365,6 +349,20 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
         .map_err(StoreError::from)
     }
+}
+
+/// Start the database's thread named `entrega-sqlite-<role>`.
+fn spawn(role: &str, run: impl FnOnce() + Send + 'static) -> Result<(), rusqlite::Error> {
+    std::thread::Builder::new()
+        .name(format!("entrega-sqlite-{role}"))
+        .spawn(run)
+        .map(drop)
+        .map_err(|e| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(format!("cannot start the {role} thread: {e}")),
+            )
+        })
 }
 
 /// The checkpointer thread: every [`CHECKPOINT_EVERY`], copy what the log holds back

@@ -99,13 +99,18 @@ pub(super) struct Endpoints {
     pub(super) timers: Arc<Timers>,
     pub(super) faults: Faults,
     pub(super) dice: Arc<Dice>,
-    /// Set when a crash after a send took the process down.
+    /// Set when a crash around a send took the process down.
     pub(super) crashed: AtomicBool,
 }
 
 #[async_trait]
 impl Transport for Endpoints {
     async fn send(&self, request: &SignedRequest) -> TransportResult {
+        if self.dice.roll(self.faults.crash_before_send) {
+            self.crashed.store(true, Ordering::Relaxed);
+            // Recorded as delivering, never sent: the process is gone.
+            return std::future::pending().await;
+        }
         let latency = self
             .latencies
             .lock()

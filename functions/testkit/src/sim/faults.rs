@@ -15,6 +15,9 @@ use rand::Rng;
 /// How often each fault strikes (each a probability per chance).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
+    /// Per request about to be sent: the process dies after its "delivering" write,
+    /// before the request leaves.
+    pub crash_before_send: f64,
     /// Per request sent: the process dies before it learns the outcome.
     pub crash_after_send: f64,
     /// Per handled message: the process dies after recording, before settling.

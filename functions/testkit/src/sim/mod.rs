@@ -5,8 +5,9 @@
 //! every random draw (jitter, nonces, faults), so a seed replays its run exactly: a
 //! failing run names its seed, and `ENTREGA_SIM_SEED=<seed>` runs that one again.
 //!
-//! [`Faults`] inject, by the same seed: a crash right after a request was sent (the
-//! outcome never recorded; the process restarts), a crash after the outcome was
+//! [`Faults`] inject, by the same seed: a crash after the "delivering" write but
+//! before the request leaves, a crash right after a request was sent (the outcome
+//! never recorded; the process restarts), a crash after the outcome was
 //! recorded but before the message was settled, a failing queue send (a fan-out that
 //! dies midway is replayed, as the outbox poller does), and duplicated messages.
 //!
@@ -19,6 +20,7 @@
 mod endpoints;
 mod faults;
 mod invariants;
+pub mod scenarios;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,7 @@
 use chrono::DateTime;
 use entrega_core::delivery::DeliveryState;
 use entrega_core::memory::response;
+use entrega_testkit::sim::scenarios::thundering_herd;
 use entrega_testkit::sim::{seed_or, Sim};
 
 mod neighbours;
@@ -270,57 +271,19 @@ async fn a_week_of_traffic_reads_back_from_the_delivery_log_page_by_page() {
 /// the bound is justified in the assertion's comment.
 #[tokio::test]
 async fn a_recovering_endpoint_is_not_hit_by_every_retry_at_once() {
-    let mut sim = Sim::new(seed_or(5));
-    let tenant = sim.tenant("Acme").await;
-    let start = sim.now();
-    let back = start + chrono::Duration::minutes(10);
-    sim.endpoint(
-        &tenant,
-        "https://herd.example/",
-        |_| {},
-        Box::new(move |now, _| response(if now < back { 503 } else { 200 })),
-    )
-    .await;
-    for _ in 0..1_000 {
-        sim.publish(&tenant, "lead.created").await;
-    }
-    sim.run_until(start + HOUR * 2).await;
-    sim.check_invariants().await;
-
-    let after: Vec<i64> = sim
-        .arrivals()
-        .iter()
-        .filter(|a| a.at >= back)
-        .map(|a| (a.at - back).num_seconds())
-        .collect();
-    assert_eq!(after.len(), 1_000, "each event once after the recovery");
-    let (first, last) = (*after.iter().min().unwrap(), *after.iter().max().unwrap());
-    const BIN: i64 = 10;
-    let bins = ((last - first) / BIN + 1) as usize;
-    let mut counts = vec![0usize; bins];
-    for t in &after {
-        counts[((t - first) / BIN) as usize] += 1;
-    }
-    // The mean over the bins in which retries arrived: a few events whose earlier
-    // retry happened to fall just after the recovery form a small early group, and
-    // the quiet minutes between it and the main wave are no part of the herd.
-    let busy = counts.iter().filter(|c| **c > 0).count();
-    let mean = after.len() as f64 / busy as f64;
-    let peak = *counts.iter().max().unwrap() as f64;
-    println!(
-        "thundering herd, seed {}: 1 000 retries over {} s after the recovery; peak {peak} per {BIN} s, mean {mean:.1}: {:.2}× the mean",
-        sim.seed,
-        last - first,
-        peak / mean
+    let herd = thundering_herd(seed_or(5)).await;
+    println!("{herd}");
+    assert_eq!(
+        herd.after_recovery, 1_000,
+        "each event once after the recovery"
     );
     // Each retry lands uniformly within ±20 % of its delay, and the jitters of the
     // earlier steps add up, so arrival density after the recovery is a smooth hump
     // spanning minutes; its peak is at most about twice its mean, and counting noise
     // in 10-second bins (a few dozen arrivals each) adds well under that again.
+    assert!(herd.peak / herd.mean <= 3.0, "{herd}");
     assert!(
-        peak / mean <= 3.0,
-        "seed {}: peak {peak} vs mean {mean:.1}",
-        sim.seed
+        herd.span_s >= 120,
+        "spread over minutes, not seconds: {herd}"
     );
-    assert!(last - first >= 120, "spread over minutes, not seconds");
 }

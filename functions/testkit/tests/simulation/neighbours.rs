@@ -1,75 +1,8 @@
 //! Tenants beside a slow one: a receiver cut at its timeout (scenario 2) and a noisy
 //! neighbour's backlog (scenario 6) must not change another tenant's latency.
 
-use entrega_core::memory::response;
-use entrega_testkit::sim::{seed_or, Sim};
-
-use super::HOUR;
-
-/// Publish→delivered latency (ms) of each of `events`: until its delivery was
-/// recorded delivered (the receiver's answer included).
-async fn latencies_ms(sim: &Sim, events: &[entrega_core::event::Event]) -> Vec<i64> {
-    let mut all = Vec::new();
-    for e in events {
-        let store = &sim.world.services.store;
-        let deliveries = store
-            .deliveries_of_event(&e.tenant_id, &e.id)
-            .await
-            .unwrap();
-        let delivered = deliveries[0].delivered_at.expect("every event delivered");
-        all.push((delivered - e.created_at).num_milliseconds());
-    }
-    all.sort_unstable();
-    all
-}
-
-fn p99(sorted: &[i64]) -> i64 {
-    sorted[(sorted.len() - 1) * 99 / 100]
-}
-
-/// Tenant B publishes an event every 5 s to a receiver answering in 20 ms, alone or
-/// beside tenant A's `backlog` events queued behind a receiver that takes `slow`
-/// (A's endpoint capped at 8 at once, its timeout `timeout_ms`). B's latencies (ms),
-/// and the simulation after the run (checked against the invariants).
-async fn beside_a_slow_tenant(
-    seed: u64,
-    backlog: usize,
-    slow: std::time::Duration,
-    timeout_ms: u32,
-) -> (Vec<i64>, Sim, entrega_core::ids::EndpointId) {
-    let mut sim = Sim::new(seed);
-    let (a, b) = (sim.tenant("A").await, sim.tenant("B").await);
-    let start = sim.now();
-    let slow_url = "https://slow.example/";
-    let slow_endpoint = sim
-        .endpoint(
-            &a,
-            slow_url,
-            |e| {
-                e.max_concurrency = 8;
-                e.timeout_ms = timeout_ms;
-            },
-            Box::new(|_, _| response(200)),
-        )
-        .await;
-    sim.latency(slow_url, slow);
-    let fast_url = "https://fast.example/";
-    sim.endpoint(&b, fast_url, |_| {}, Box::new(|_, _| response(200)))
-        .await;
-    sim.latency(fast_url, std::time::Duration::from_millis(20));
-    for _ in 0..backlog {
-        sim.publish(&a, "bulk.import").await;
-    }
-    let mut mine = Vec::new();
-    for i in 0..100 {
-        mine.push(sim.publish(&b, "lead.created").await);
-        sim.run_until(start + chrono::Duration::seconds(5 * (i + 1)))
-            .await;
-    }
-    sim.run_until(start + HOUR * 40).await;
-    sim.check_invariants().await;
-    (latencies_ms(&sim, &mine).await, sim, slow_endpoint.id)
-}
+use entrega_testkit::sim::scenarios::{beside_a_slow_tenant, p99};
+use entrega_testkit::sim::seed_or;
 
 /// Scenario 2: a receiver that answers in 8 s, its endpoint's timeout 5 s: every
 /// attempt is cut at the timeout, and the other tenant's latency is what it is alone.
