@@ -249,10 +249,10 @@ async fn run_delivery(services: &Services, conditions: &Conditions, message: Rec
     let outcome = handle_delivery(services, &message.body, message.receive_count).await;
     match &outcome {
         Ok(_) => conditions.recovered(Component::Deliveries),
-        Err(e) => conditions.failing(Component::Deliveries, &e.to_string(), services.clock.now()),
-    }
-    if let Err(e) = &outcome {
-        tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
+        Err(e) => {
+            tracing::debug!(error = %e, receive_count = message.receive_count, "handler failed; message will come back");
+            conditions.failing(Component::Deliveries, &e.to_string(), services.clock.now())
+        }
     }
     Settlement::of(&outcome, message.receive_count, services.random.as_ref())
         .apply(services.deliveries.as_ref(), &message.receipt)

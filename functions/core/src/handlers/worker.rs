@@ -172,13 +172,7 @@ async fn screen(
     }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
-            save_or_backoff(
-                services,
-                delivery,
-                &state_machine::pause(delivery, now),
-                &[],
-            )
-            .await?;
+            save_unless_changed(services, delivery, &state_machine::pause(delivery, now)).await?;
         }
         return Ok(Some(Disposition::Done));
     }
@@ -398,19 +392,19 @@ fn record_metrics(
 /// The endpoint was deleted by its owner: the state machine ends the delivery.
 async fn endpoint_deleted(services: &Services, delivery: &Delivery) -> StoreResult<Disposition> {
     if let Some(next) = state_machine::endpoint_deleted(delivery, services.clock.now()) {
-        save_or_backoff(services, delivery, &next, &[]).await?;
+        save_unless_changed(services, delivery, &next).await?;
     }
     Ok(Disposition::Done)
 }
 
-/// Save `next` (read as `before`); a concurrent change wins and is left alone.
-async fn save_or_backoff(
+/// Save `next` (read as `before`), a transition that records no attempt; a
+/// concurrent change wins and is left alone.
+async fn save_unless_changed(
     services: &Services,
     before: &Delivery,
     next: &Delivery,
-    attempts: &[crate::delivery::Attempt],
 ) -> StoreResult<()> {
-    match services.store.save_delivery(next, attempts).await {
+    match services.store.save_delivery(next, &[]).await {
         Ok(saved) => left_waiting(services, before.state, &saved).await,
         Err(StoreError::Conflict(_)) => Ok(()),
         Err(e) => Err(e),

@@ -10,7 +10,7 @@
 //! a caller whose work fails is rolled back alone, and nobody is told "done" before
 //! the transaction holding their work has committed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use entrega_core::ports::{StoreError, StoreResult};
@@ -164,15 +164,16 @@ impl Readers {
 pub struct SqliteDb {
     writes: mpsc::Sender<Box<dyn WriteJob>>,
     readers: Arc<Readers>,
-    path: Arc<PathBuf>,
+    /// Held by every handle: the checkpointer thread stops once the last is dropped.
+    _alive: Arc<()>,
     /// Pages in use past which new events are refused (0: no limit): a share of the
     /// hard size limit kept free, so what was accepted can still be delivered.
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
 }
 
-fn tune(conn: &Connection) -> Result<(), rusqlite::Error> {
+fn tune(conn: &Connection, cache_kib: i64) -> Result<(), rusqlite::Error> {
     conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
-    conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
+    conn.pragma_update(None, "cache_size", -cache_kib)?;
     conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
@@ -190,7 +191,7 @@ impl SqliteDb {
         let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", durability.pragma())?;
-        tune(&conn)?;
+        tune(&conn, CACHE_KIB)?;
         // The checkpointer thread copies the log back into the database; the
         // writer's own automatic checkpoint stays only as the bound if it falls behind.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
@@ -201,31 +202,25 @@ impl SqliteDb {
                 path,
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )?;
-            tune(&reader)?;
-            reader.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
+            tune(&reader, READER_CACHE_KIB)?;
             readers.push(reader);
         }
         let checkpointer = Connection::open(path)?;
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         spawn("writer", move || write_loop(conn, queued))?;
-        let path = Arc::new(path.to_owned());
-        let alive = Arc::downgrade(&path);
-        spawn("checkpointer", move || checkpoint_loop(checkpointer, alive))?;
+        let alive = Arc::new(());
+        let watch = Arc::downgrade(&alive);
+        spawn("checkpointer", move || checkpoint_loop(checkpointer, watch))?;
         Ok(Self {
             writes,
             readers: Arc::new(Readers {
                 idle: Mutex::new(readers),
                 freed: Condvar::new(),
             }),
-            path,
+            _alive: alive,
             publish_pages: Arc::default(),
         })
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Bound the database file to `bytes` (SQLite's `max_page_count`): past it, writes
@@ -369,7 +364,7 @@ fn spawn(role: &str, run: impl FnOnce() + Send + 'static) -> Result<(), rusqlite
 /// into the database (a passive checkpoint: it never blocks the writer or a reader),
 /// off the writer's thread, so a commit never waits for a checkpoint. Ends when the
 /// last handle on the database is dropped.
-fn checkpoint_loop(conn: Connection, alive: std::sync::Weak<PathBuf>) {
+fn checkpoint_loop(conn: Connection, alive: std::sync::Weak<()>) {
     while alive.strong_count() > 0 {
         std::thread::sleep(CHECKPOINT_EVERY);
         if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
