@@ -14,7 +14,6 @@
 //! `--durability normal`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +22,7 @@ use serde_json::{json, Value};
 
 mod common;
 use common::{bare_client, payload, start_receiver, Arrivals};
+use entrega_testkit::{served_address, TempDir};
 
 const DEFAULT_EVENTS: usize = 20_000;
 const PUBLISHERS: usize = 32;
@@ -48,18 +48,8 @@ impl Drop for Server {
     }
 }
 
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn start_server(extra: &[String]) -> Server {
-    let dir = std::env::temp_dir().join(format!("entrega-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir = TempDir(dir);
+    let dir = TempDir::new("bench");
     let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.0.join("entrega.db"))
@@ -72,19 +62,10 @@ fn start_server(extra: &[String]) -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("the entrega binary starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("a listen line")
-        .to_owned();
+    let base = served_address(&mut child).expect("a listen line");
     Server {
         child,
-        base: format!("http://{addr}"),
+        base,
         _dir: dir,
     }
 }

@@ -46,14 +46,13 @@ async fn main() {
     let bare = bare_client(&url, n, CONCURRENCY as usize).await;
     println!("bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {CONCURRENCY})");
 
-    let dir = std::env::temp_dir().join(format!("entrega-bench-worker-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = entrega_testkit::TempDir::new("bench-worker");
     let transport = Arc::new(HttpTransport::new(TargetPolicy {
         allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
         allow_http: true,
     }));
     let (services, parts) = open_sqlite_parts(
-        &dir.join("worker.db"),
+        &dir.0.join("worker.db"),
         Durability::Full,
         Arc::new(SystemClock),
         transport,
@@ -114,5 +113,4 @@ async fn main() {
     );
     let _ = stop.send(true);
     let _ = running.await;
-    let _ = std::fs::remove_dir_all(&dir);
 }

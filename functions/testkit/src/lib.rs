@@ -38,6 +38,22 @@ impl Drop for TempDir {
     }
 }
 
+/// The `http://…` address a started `entrega serve` announces on the first line of
+/// its standard output (taken from the child); the line itself if it has none.
+pub fn served_address(child: &mut std::process::Child) -> Result<String, String> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    let stdout = child.stdout.take().ok_or_else(String::new)?;
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    line.split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|addr| format!("http://{addr}"))
+        .ok_or(line)
+}
+
 /// How a receiver answers one request.
 #[derive(Debug, Clone)]
 pub struct Reply {

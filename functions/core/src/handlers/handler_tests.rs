@@ -20,25 +20,16 @@ use crate::ids::{EventId, TenantId};
 use crate::memory::{response, World};
 use crate::ports::{Audience, Clock, MessageQueue};
 use crate::retry::{RetryPreset, RetrySpec};
-use crate::tenant::Tenant;
 
 const HIDE: Duration = Duration::from_secs(60);
 
 async fn world() -> (World, TenantId) {
     let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 11);
-    let tenant = Tenant {
-        id: TenantId::generate(),
-        name: "Acme".into(),
-        owner_email: "owner@acme.example".into(),
-        created_at: world.clock.now(),
-    };
-    world
-        .services
-        .store
-        .create_tenant(&tenant, "hash")
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
         .await
         .unwrap();
-    (world, tenant.id)
+    (world, tenant)
 }
 
 async fn endpoint(
@@ -107,6 +98,22 @@ async fn handle_failures(world: &World, times: usize) {
         }
         world.failures.delete(&m.receipt).await.unwrap();
     }
+}
+
+/// A world whose one event's delivery was tried once, answered 500, exhausted its
+/// `none` schedule and was recorded as a failure.
+async fn exhausted_delivery() -> (World, Event) {
+    let (w, tenant) = world().await;
+    endpoint(&w, &tenant, |e| {
+        e.retry = RetrySpec::Preset(RetryPreset::None)
+    })
+    .await;
+    w.transport.then([response(500)]);
+    let event = publish(&w, &tenant, "invoice.paid").await;
+    fan_out(&w.services, &event).await.unwrap();
+    work(&w).await;
+    handle_failures(&w, 1).await;
+    (w, event)
 }
 
 #[tokio::test]
@@ -257,16 +264,7 @@ async fn failing_for_the_configured_days_disables_an_endpoint_and_tells_its_owne
 
 #[tokio::test]
 async fn a_resend_delivers_under_a_new_generation_and_acknowledges_the_failure_it_fixes() {
-    let (w, tenant) = world().await;
-    endpoint(&w, &tenant, |e| {
-        e.retry = RetrySpec::Preset(RetryPreset::None)
-    })
-    .await;
-    w.transport.then([response(500)]);
-    let event = publish(&w, &tenant, "invoice.paid").await;
-    fan_out(&w.services, &event).await.unwrap();
-    work(&w).await;
-    handle_failures(&w, 1).await;
+    let (w, event) = exhausted_delivery().await;
     let failed = deliveries(&w, &event).await.remove(0);
     assert_eq!(
         failed.state,
@@ -318,16 +316,7 @@ async fn a_resend_delivers_under_a_new_generation_and_acknowledges_the_failure_i
 
 #[tokio::test]
 async fn an_unacknowledged_failure_alerts_once_a_day_after_24_hours_until_acknowledged() {
-    let (w, tenant) = world().await;
-    endpoint(&w, &tenant, |e| {
-        e.retry = RetrySpec::Preset(RetryPreset::None)
-    })
-    .await;
-    w.transport.then([response(500)]);
-    let event = publish(&w, &tenant, "invoice.paid").await;
-    fan_out(&w.services, &event).await.unwrap();
-    work(&w).await;
-    handle_failures(&w, 1).await;
+    let (w, event) = exhausted_delivery().await;
     let on_call = |w: &World| {
         w.notices
             .notices()

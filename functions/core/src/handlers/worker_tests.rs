@@ -14,7 +14,6 @@ use crate::ids::{EventId, TenantId};
 use crate::memory::{response, World};
 use crate::ports::{Clock, MessageQueue, ReceivedMessage};
 use crate::retry::{CustomRetry, RetrySpec};
-use crate::tenant::Tenant;
 
 const HIDE: Duration = Duration::from_secs(60);
 
@@ -27,19 +26,11 @@ struct Case {
 async fn case(configure: impl FnOnce(&mut Endpoint)) -> Case {
     let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 7);
     let now = world.clock.now();
-    let tenant = Tenant {
-        id: TenantId::generate(),
-        name: "Acme".into(),
-        owner_email: "owner@acme.example".into(),
-        created_at: now,
-    };
-    world
-        .services
-        .store
-        .create_tenant(&tenant, "hash")
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
         .await
         .unwrap();
-    let mut endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.acme.example/", now);
+    let mut endpoint = Endpoint::new(tenant, "https://hooks.acme.example/", now);
     configure(&mut endpoint);
     world
         .services

@@ -10,12 +10,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{MemoryQueue, MemoryStore};
+use crate::ids::TenantId;
 use crate::outcome::TransportResult;
 use crate::ports::{
-    ManualClock, NoBacklog, NoMetrics, Notice, Notifier, SeededRandom, Services, Settings,
+    Clock, ManualClock, NoBacklog, NoMetrics, Notice, Notifier, SeededRandom, Services, Settings,
     SignedRequest, StoreResult, Transport,
 };
 use crate::slots::InProcessSlots;
+use crate::tenant::Tenant;
 
 /// Answers requests in order from a script, then with a fallback; records each.
 pub struct ScriptedTransport {
@@ -134,5 +136,23 @@ impl World {
             transport,
             notices,
         }
+    }
+
+    /// A tenant created now, with an API key of its own.
+    pub async fn add_tenant(
+        &self,
+        id: TenantId,
+        name: &str,
+        owner_email: &str,
+    ) -> StoreResult<TenantId> {
+        let tenant = Tenant {
+            id,
+            name: name.into(),
+            owner_email: owner_email.into(),
+            created_at: self.clock.now(),
+        };
+        let key = format!("key-{}", tenant.id);
+        self.services.store.create_tenant(&tenant, &key).await?;
+        Ok(tenant.id)
     }
 }

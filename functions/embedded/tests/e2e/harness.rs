@@ -1,7 +1,6 @@
 //! The e2e harness: a real `entrega serve` process on a temp database and a free
 //! port, scripted webhook receivers on loopback, and a small API client.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -105,26 +104,13 @@ impl Server {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("the entrega binary starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| {
-                panic!(
-                    "no listen line, got {line:?}; log: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )
-            });
-        Self {
-            child,
-            base: format!("http://{addr}"),
-
-            log,
-        }
+        let base = entrega_testkit::served_address(&mut child).unwrap_or_else(|line| {
+            panic!(
+                "no listen line, got {line:?}; log: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        Self { child, base, log }
     }
 
     /// `kill -9`: no chance to finish anything.

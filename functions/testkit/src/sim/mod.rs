@@ -36,7 +36,6 @@ use entrega_core::ids::{EventId, TenantId};
 use entrega_core::memory::World;
 use entrega_core::ports::{Clock, MessageQueue, ReceivedMessage, StoreResult};
 use entrega_core::slots::InProcessSlots;
-use entrega_core::tenant::Tenant;
 use entrega_runtime::Settlement;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -153,19 +152,10 @@ impl Sim {
     }
 
     pub async fn tenant(&self, name: &str) -> TenantId {
-        let tenant = Tenant {
-            id: self.id("ten_"),
-            name: name.into(),
-            owner_email: "owner@example.com".into(),
-            created_at: self.now(),
-        };
         self.world
-            .services
-            .store
-            .create_tenant(&tenant, &format!("key-{}", tenant.id))
+            .add_tenant(self.id("ten_"), name, "owner@example.com")
             .await
-            .unwrap();
-        tenant.id
+            .unwrap()
     }
 
     /// An endpoint of `tenant` at `url`, set up by `configure`, answering as `behave`.
