@@ -16,7 +16,7 @@ mod queue;
 mod slots;
 
 pub use overdue::overdue_deliveries_come_most_overdue_first;
-pub use queue::every_queue_promise;
+pub use queue::{every_queue_promise, StaleReceipts};
 pub use slots::endpoint_slots_cap_each_endpoint;
 
 /// Every promise below, in turn, on one store: what each adapter's suite runs.

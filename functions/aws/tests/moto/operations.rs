@@ -143,11 +143,14 @@ async fn the_sqs_queue_conforms() {
     use entrega_core::ports::MessageQueue;
     let stack = crate::harness::Stack::provisioned(Arc::new(SystemClock)).await;
     let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
-    entrega_testkit::conformance::every_queue_promise(|| async {
-        let name = format!("conformance-{:08x}", rand::random::<u32>());
-        let created = sqs.create_queue().queue_name(name).send().await.unwrap();
-        let url = created.queue_url().unwrap().to_owned();
-        Arc::new(entrega_aws::sqs::SqsQueue::new(sqs.clone(), url)) as Arc<dyn MessageQueue>
-    })
+    entrega_testkit::conformance::every_queue_promise(
+        || async {
+            let name = format!("conformance-{:08x}", rand::random::<u32>());
+            let created = sqs.create_queue().queue_name(name).send().await.unwrap();
+            let url = created.queue_url().unwrap().to_owned();
+            Arc::new(entrega_aws::sqs::SqsQueue::new(sqs.clone(), url)) as Arc<dyn MessageQueue>
+        },
+        entrega_testkit::conformance::StaleReceipts::AcceptedWithoutError,
+    )
     .await;
 }

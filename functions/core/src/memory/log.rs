@@ -173,6 +173,10 @@ impl FailureStore for MemoryStore {
         }
         data.failures
             .insert(failure.id.to_string(), failure.clone());
+        data.failures_by_delivery
+            .entry(failure.delivery_id.to_string())
+            .or_default()
+            .insert(failure.id.to_string());
         Ok(true)
     }
 
@@ -207,11 +211,12 @@ impl FailureStore for MemoryStore {
     }
 
     async fn failures_of_delivery(&self, delivery: &DeliveryId) -> StoreResult<Vec<Failure>> {
-        Ok(self
-            .data()
-            .failures
-            .values()
-            .filter(|f| f.delivery_id == *delivery)
+        let data = self.data();
+        let ids = data.failures_by_delivery.get(delivery.as_str());
+        Ok(ids
+            .into_iter()
+            .flatten()
+            .filter_map(|id| data.failures.get(id))
             .take(MAX_FAILURES_PER_DELIVERY)
             .cloned()
             .collect())

@@ -3,7 +3,7 @@
 //! failures are in [`super::log`]. One mutex over plain maps: every call is atomic,
 //! and every conditional write checks the version it was given, as the real stores do.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -42,6 +42,8 @@ pub(super) struct Data {
     /// Positions in `attempts` of each delivery's attempts.
     pub(super) attempts_by_delivery: HashMap<String, Vec<usize>>,
     pub(super) failures: BTreeMap<String, Failure>,
+    /// Failure ids of each delivery, in id order.
+    pub(super) failures_by_delivery: HashMap<String, BTreeSet<String>>,
     /// Counter and claim values with when they expire (Unix seconds).
     counters: HashMap<String, (u64, i64)>,
     remembered: HashMap<String, (String, i64)>,
@@ -298,11 +300,13 @@ impl CounterStore for MemoryStore {
     async fn increment(&self, key: &str, ttl: Duration) -> StoreResult<u64> {
         let now = self.now_secs();
         let mut data = self.data();
-        data.counters.retain(|_, (_, expires)| *expires >= now);
         let counter = data
             .counters
             .entry(key.to_owned())
             .or_insert((0, now + ttl.as_secs() as i64));
+        if counter.1 < now {
+            *counter = (0, now + ttl.as_secs() as i64);
+        }
         counter.0 += 1;
         Ok(counter.0)
     }
@@ -311,13 +315,19 @@ impl CounterStore for MemoryStore {
         let now = self.now_secs();
         let expires = now + ttl.as_secs() as i64;
         let mut data = self.data();
-        data.remembered.retain(|_, (_, at)| *at >= now);
-        if data.remembered.contains_key(token) {
-            return Ok(data.counters.get(key).map_or(0, |(value, _)| *value));
+        if data.remembered.get(token).is_some_and(|(_, at)| *at >= now) {
+            return Ok(data
+                .counters
+                .get(key)
+                .filter(|(_, at)| *at >= now)
+                .map_or(0, |(value, _)| *value));
         }
         data.remembered
             .insert(token.to_owned(), ("counted".into(), expires));
         let counter = data.counters.entry(key.to_owned()).or_insert((0, expires));
+        if counter.1 < now {
+            *counter = (0, expires);
+        }
         counter.0 += 1;
         Ok(counter.0)
     }
@@ -330,8 +340,9 @@ impl CounterStore for MemoryStore {
     ) -> StoreResult<Option<String>> {
         let now = self.now_secs();
         let mut data = self.data();
-        data.remembered.retain(|_, (_, at)| *at >= now);
-        if let Some((existing, _)) = data.remembered.get(key) {
+        // Expired entries are ignored where read and overwritten here, not swept: a
+        // sweep on every call made a long simulation quadratic.
+        if let Some((existing, _)) = data.remembered.get(key).filter(|(_, at)| *at >= now) {
             return Ok(Some(existing.clone()));
         }
         data.remembered.insert(

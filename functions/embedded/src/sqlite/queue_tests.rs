@@ -253,15 +253,19 @@ mod conformance {
     #[tokio::test]
     async fn sqlite_queue_conforms() {
         let dirs = std::sync::Mutex::new(Vec::new());
-        every_queue_promise(|| async {
-            let dir = std::env::temp_dir().join(format!("entrega-confq-{}", rand::random::<u64>()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let db = SqliteDb::open(&dir.join("q.db")).unwrap();
-            dirs.lock().unwrap().push(PathGuard(dir));
-            let clock = Arc::new(entrega_core::ports::SystemClock);
-            let queue = SqliteQueue::open(db, DELIVERY_QUEUE, clock).await.unwrap();
-            Arc::new(queue) as Arc<dyn MessageQueue>
-        })
+        every_queue_promise(
+            || async {
+                let dir =
+                    std::env::temp_dir().join(format!("entrega-confq-{}", rand::random::<u64>()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let db = SqliteDb::open(&dir.join("q.db")).unwrap();
+                dirs.lock().unwrap().push(PathGuard(dir));
+                let clock = Arc::new(entrega_core::ports::SystemClock);
+                let queue = SqliteQueue::open(db, DELIVERY_QUEUE, clock).await.unwrap();
+                Arc::new(queue) as Arc<dyn MessageQueue>
+            },
+            entrega_testkit::conformance::StaleReceipts::Ignored,
+        )
         .await;
     }
 

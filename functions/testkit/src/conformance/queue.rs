@@ -25,8 +25,21 @@ fn message(body: &str, group: &str) -> OutgoingMessage {
     }
 }
 
+/// What an adapter does with a receipt from before the message's latest receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StaleReceipts {
+    /// Ignored: a worker that lost its message to a later receive can neither delete
+    /// nor hide it under the one now holding it (memory, SQLite).
+    Ignored,
+    /// Accepted without an error, and it may still act: SQS documents that a delete
+    /// with an old receipt "succeeds, but the message might not be deleted". The
+    /// handlers need no more than this, because every write they make is conditional
+    /// on the version it read; what they do need is that a late settle never fails.
+    AcceptedWithoutError,
+}
+
 /// Every queue promise, each on a fresh queue from `fresh`.
-pub async fn every_queue_promise<F, Fut>(fresh: F)
+pub async fn every_queue_promise<F, Fut>(fresh: F, stale: StaleReceipts)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn MessageQueue>>,
@@ -34,6 +47,7 @@ where
     a_received_message_is_hidden_until_it_comes_back_or_is_deleted(fresh().await.as_ref()).await;
     every_message_is_handed_out_once_while_hidden(fresh().await.as_ref()).await;
     a_delayed_message_waits(fresh().await.as_ref()).await;
+    a_stale_receipt_is_never_an_error(fresh().await.as_ref(), stale).await;
 }
 
 /// Receive until `want` messages came or the queue keeps answering empty.
@@ -112,4 +126,54 @@ pub async fn a_delayed_message_waits(queue: &dyn MessageQueue) {
     let got = drain(queue, 2).await;
     let bodies: Vec<&str> = got.iter().map(|m| m.body.as_str()).collect();
     assert_eq!(bodies, ["now"], "only the undelayed message is received");
+}
+
+/// A message received twice: the first receipt is stale. Settling with it is never an
+/// error; where the adapter promises [`StaleReceipts::Ignored`], it also leaves the
+/// message with its current holder, whose receipt still works.
+pub async fn a_stale_receipt_is_never_an_error(queue: &dyn MessageQueue, stale: StaleReceipts) {
+    queue.send(vec![message("m1", "t1")]).await.unwrap();
+    let first = drain(queue, 1).await;
+    assert_eq!(first.len(), 1, "the sent message is received");
+    queue
+        .change_visibility(&first[0].receipt, Duration::ZERO)
+        .await
+        .unwrap();
+    let second = drain(queue, 1).await;
+    assert_eq!(second.len(), 1, "made visible, it comes back");
+    assert_eq!(second[0].receive_count, 2);
+
+    let old = &first[0].receipt;
+    queue
+        .change_visibility(old, Duration::ZERO)
+        .await
+        .expect("hiding with a stale receipt is not an error");
+    queue
+        .delete(old)
+        .await
+        .expect("deleting with a stale receipt is not an error");
+
+    if stale == StaleReceipts::Ignored {
+        assert!(
+            queue.receive(10, HIDDEN).await.unwrap().is_empty(),
+            "a stale receipt did not make the message visible under its holder"
+        );
+        queue
+            .change_visibility(&second[0].receipt, Duration::ZERO)
+            .await
+            .unwrap();
+        let third = drain(queue, 1).await;
+        assert_eq!(third.len(), 1, "a stale receipt deleted nothing");
+        assert_eq!(third[0].receive_count, 3);
+        queue.delete(&third[0].receipt).await.unwrap();
+    } else {
+        queue
+            .delete(&second[0].receipt)
+            .await
+            .expect("the current receipt settles, whatever the stale one did");
+        for late in drain(queue, 1).await {
+            queue.delete(&late.receipt).await.unwrap();
+        }
+    }
+    assert!(drain(queue, 1).await.is_empty(), "settled for good");
 }

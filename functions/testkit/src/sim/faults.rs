@@ -1,6 +1,6 @@
 //! The faults a simulation injects, drawn from its seed: crashes (decided by the
-//! runner and the endpoints' transport), and a delivery queue whose sends fail or
-//! are duplicated.
+//! runner and the endpoints' transport), and a delivery queue whose sends fail, are
+//! duplicated or are held back so that later messages overtake them.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +26,14 @@ pub struct Faults {
     pub send_failure: f64,
     /// Per message sent: it is delivered twice.
     pub duplicate: f64,
+    /// Per message sent (each copy of a duplicate apart): it is held back by up to
+    /// [`REORDER_WINDOW`], so messages sent after it are received before it.
+    pub reorder: f64,
 }
+
+/// The most a reordered message is held back: long beside the milliseconds between
+/// sends, short beside a retry schedule, as a queue's own reordering is.
+pub const REORDER_WINDOW: Duration = Duration::from_secs(30);
 
 /// The fault dice, seeded apart from the handlers' randomness.
 pub(super) struct Dice(pub(super) Mutex<rand::rngs::StdRng>);
@@ -34,6 +41,12 @@ pub(super) struct Dice(pub(super) Mutex<rand::rngs::StdRng>);
 impl Dice {
     pub(super) fn roll(&self, p: f64) -> bool {
         p > 0.0 && self.0.lock().unwrap().gen_bool(p.min(1.0))
+    }
+
+    /// A duration in (0, `max`].
+    pub(super) fn up_to(&self, max: Duration) -> Duration {
+        let ms = max.as_millis().max(1) as u64;
+        Duration::from_millis(self.0.lock().unwrap().gen_range(1..=ms))
     }
 }
 
@@ -58,6 +71,11 @@ impl MessageQueue for FaultyQueue {
                 sent.push(m.clone());
             }
             sent.push(m);
+        }
+        for m in &mut sent {
+            if self.dice.roll(self.faults.reorder) {
+                m.delay += self.dice.up_to(REORDER_WINDOW);
+            }
         }
         self.inner.send(sent).await
     }

@@ -9,7 +9,8 @@
 //! before the request leaves, a crash right after a request was sent (the outcome
 //! never recorded; the process restarts), a crash after the outcome was
 //! recorded but before the message was settled, a failing queue send (a fan-out that
-//! dies midway is replayed, as the outbox poller does), and duplicated messages.
+//! dies midway is replayed, as the outbox poller does), duplicated messages, and
+//! messages held back so that later ones overtake them.
 //!
 //! After a run, [`Sim::check_invariants`] checks what must hold whatever happened:
 //! every committed event reached each subscribed endpoint or has a failure record,
@@ -44,8 +45,8 @@ use rand::SeedableRng;
 
 pub use endpoints::{Arrival, Behaviour};
 use endpoints::{Endpoints, Timers};
-pub use faults::Faults;
 use faults::{Dice, FaultyQueue};
+pub use faults::{Faults, REORDER_WINDOW};
 
 /// A handler that finished: its message and what came of it.
 struct Handled {

@@ -191,6 +191,7 @@ pub async fn soak(seed: u64, events: i64) -> Soak {
             crash_before_ack: 0.002,
             send_failure: 0.01,
             duplicate: 0.01,
+            reorder: 0.05,
         },
     );
     let start = sim.now();
