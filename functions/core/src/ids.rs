@@ -161,6 +161,22 @@ impl DeliveryId {
     }
 }
 
+impl AttemptId {
+    /// The record of attempt `number` of a delivery's `generation` whose outcome was
+    /// never learned (the process died while it ran). Derived, so two workers that
+    /// find the same interrupted attempt write one record, not two.
+    pub fn interrupted(delivery: &DeliveryId, generation: u32, number: u32, began_ms: i64) -> Self {
+        Self::from_uuid(derived_v7(
+            began_ms,
+            &[
+                delivery.as_str(),
+                &generation.to_string(),
+                &number.to_string(),
+            ],
+        ))
+    }
+}
+
 impl FailureId {
     /// The failure record of one delivery's `generation` (each resend is a new
     /// generation): a redelivered failure message finds the record it already wrote.

@@ -173,17 +173,20 @@ pub trait DeliveryStore: Send + Sync {
     async fn create_delivery_if_absent(&self, delivery: &Delivery)
         -> StoreResult<(Delivery, bool)>;
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
-    /// Write `delivery` and append `attempts` in one atomic step, if the stored version
-    /// is still `delivery.version`. Returns the written delivery (version + 1).
+    /// Record `attempts`, then write `delivery` if the stored version is still
+    /// `delivery.version` (else `Conflict`). Returns the written delivery (version + 1).
+    ///
+    /// The attempts are recorded whether or not the write lands, and before it: they
+    /// happened, so the log keeps them even when a resend changed the delivery
+    /// meanwhile, and it never shows a state without the attempt that explains it. An
+    /// attempt recorded again under the same id stays one record. (One contract for
+    /// every store: DynamoDB does it in two plain writes, half the cost of a
+    /// transaction, and SQLite in one.)
     async fn save_delivery(
         &self,
         delivery: &Delivery,
         attempts: &[Attempt],
     ) -> StoreResult<Delivery>;
-    /// Append attempts without touching the delivery: the record of an attempt whose
-    /// generation a resend superseded while it ran (the attempt happened; the log must
-    /// show it).
-    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()>;
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
     async fn deliveries_of_event(

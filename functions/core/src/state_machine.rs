@@ -279,7 +279,12 @@ fn give_up(
 
 fn interrupted_attempt(delivery: &Delivery) -> Attempt {
     Attempt {
-        id: AttemptId::generate(),
+        id: AttemptId::interrupted(
+            &delivery.id,
+            delivery.generation,
+            delivery.attempt_count,
+            delivery.updated_at.timestamp_millis(),
+        ),
         delivery_id: delivery.id.clone(),
         tenant_id: delivery.tenant_id.clone(),
         endpoint_id: delivery.endpoint_id.clone(),

@@ -32,6 +32,7 @@ pub async fn every_promise(store: &dyn Store) {
     counters_count_each_token_once(store).await;
     unacknowledged_failures_come_oldest_first(store).await;
     overdue_deliveries_come_most_overdue_first(store).await;
+    racing_writers_of_one_record_have_one_winner(store).await;
 }
 
 /// An exhausted delivery's failure record, failed at `failed_ms`.
@@ -149,8 +150,8 @@ pub async fn event_ids_are_scoped_to_their_tenant(store: &dyn Store) {
         .is_none());
 }
 
-/// A delivery is created once (and says so), and attempts can be appended without
-/// touching it.
+/// A delivery is created once (and says so), and a save that loses to a newer version
+/// still records its attempt without touching the delivery.
 pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) {
     let t = tenant(store).await;
     let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
@@ -184,7 +185,13 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         trigger: Trigger::Scheduled,
         requested_by: None,
     };
-    store.append_attempts(&[attempt]).await.unwrap();
+    let mut stale = stored.clone();
+    stale.version += 1;
+    stale.attempt_count = 1;
+    assert!(matches!(
+        store.save_delivery(&stale, &[attempt]).await,
+        Err(StoreError::Conflict(_))
+    ));
     assert_eq!(store.list_attempts(&id).await.unwrap().len(), 1);
     let unchanged = store.get_delivery(&id).await.unwrap().unwrap();
     assert_eq!(
@@ -483,5 +490,118 @@ pub async fn unacknowledged_failures_come_oldest_first(store: &dyn Store) {
         mine,
         [made[0].clone(), made[2].clone()],
         "the acknowledged one is gone"
+    );
+}
+
+/// How many writers race in [`racing_writers_of_one_record_have_one_winner`].
+const RACERS: usize = 8;
+
+/// Writers racing on one record, all at once: one creates the delivery, one claims the
+/// key (every other claimant is told the winner's value), and of saves made from the
+/// same read exactly one lands. Every racer's attempt is recorded, a loser's too (it
+/// happened), and an attempt saved again under its id stays one record.
+pub async fn racing_writers_of_one_record_have_one_winner(store: &dyn Store) {
+    use futures_util::future::join_all;
+
+    let t = tenant(store).await;
+    let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
+    let event = Event {
+        id: EventId::generate(),
+        tenant_id: t.clone(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: Utc::now(),
+    };
+    let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+    let fresh = Delivery::new(id.clone(), &event, endpoint.id.clone(), false, Utc::now());
+    let created = join_all((0..RACERS).map(|_| store.create_delivery_if_absent(&fresh))).await;
+    let created: Vec<bool> = created.into_iter().map(|r| r.unwrap().1).collect();
+    assert_eq!(
+        created.iter().filter(|c| **c).count(),
+        1,
+        "created once: {created:?}"
+    );
+
+    let key = format!("claim#{}", rand::random::<u64>());
+    let ttl = std::time::Duration::from_secs(60);
+    let values: Vec<String> = (0..RACERS).map(|i| format!("holder-{i}")).collect();
+    let claims = join_all(values.iter().map(|v| store.remember_once(&key, v, ttl))).await;
+    let claims: Vec<Option<String>> = claims.into_iter().map(Result::unwrap).collect();
+    let winners: Vec<&String> = values
+        .iter()
+        .zip(&claims)
+        .filter(|(_, c)| c.is_none())
+        .map(|(v, _)| v)
+        .collect();
+    assert_eq!(winners.len(), 1, "one claim taken: {claims:?}");
+    assert!(
+        claims.iter().flatten().all(|c| c == winners[0]),
+        "every loser is told the winner: {claims:?}"
+    );
+
+    let read = store.get_delivery(&id).await.unwrap().unwrap();
+    let attempt_of = |i: usize| Attempt {
+        id: AttemptId::generate(),
+        delivery_id: id.clone(),
+        tenant_id: t.clone(),
+        endpoint_id: endpoint.id.clone(),
+        generation: 0,
+        number: i as u32 + 1,
+        started_at: Utc::now(),
+        duration_ms: 5,
+        status_code: Some(500),
+        failure_kind: None,
+        error: None,
+        response_excerpt: None,
+        trigger: Trigger::Scheduled,
+        requested_by: None,
+    };
+    let racers: Vec<(Delivery, Attempt)> = (0..RACERS)
+        .map(|i| {
+            let mut mine = read.clone();
+            mine.attempt_count = i as u32 + 1;
+            (mine, attempt_of(i))
+        })
+        .collect();
+    let saves = join_all(
+        racers
+            .iter()
+            .map(|(mine, attempt)| store.save_delivery(mine, std::slice::from_ref(attempt))),
+    )
+    .await;
+    let landed: Vec<&Delivery> = saves.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(landed.len(), 1, "one save from the same read lands");
+    assert!(
+        saves
+            .iter()
+            .all(|r| matches!(r, Ok(_) | Err(StoreError::Conflict(_)))),
+        "the others are conflicts"
+    );
+    let stored = store.get_delivery(&id).await.unwrap().unwrap();
+    assert_eq!(stored.version, read.version + 1);
+    assert_eq!(
+        stored.attempt_count, landed[0].attempt_count,
+        "the winner's write is kept"
+    );
+    let recorded = |attempts: Vec<Attempt>| {
+        let mut numbers: Vec<u32> = attempts.iter().map(|a| a.number).collect();
+        numbers.sort_unstable();
+        numbers
+    };
+    let every_racer: Vec<u32> = (1..=RACERS as u32).collect();
+    assert_eq!(
+        recorded(store.list_attempts(&id).await.unwrap()),
+        every_racer,
+        "every racer's attempt is recorded once, a loser's too"
+    );
+    let (late, attempt) = &racers[0];
+    let again = store
+        .save_delivery(late, std::slice::from_ref(attempt))
+        .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    assert_eq!(
+        recorded(store.list_attempts(&id).await.unwrap()),
+        every_racer,
+        "an attempt saved again stays one record"
     );
 }

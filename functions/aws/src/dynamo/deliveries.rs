@@ -84,6 +84,21 @@ impl DynamoStore {
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ])
     }
+
+    /// Attempts are keyed by generation, number and id: writing one again overwrites
+    /// it, so a record written twice stays one.
+    async fn put_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
+        for a in attempts {
+            self.client
+                .put_item()
+                .table_name(&self.main_table)
+                .set_item(Some(self.attempt_item(a)))
+                .send()
+                .await
+                .map_err(backend)?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether a delivery passes the query's non-key filters.
@@ -139,7 +154,7 @@ impl DeliveryStore for DynamoStore {
         // The attempts first, then the state they explain: the log never shows a state
         // without its attempt, and a state write that loses to a concurrent one leaves
         // attempts that did happen. Two plain writes cost half a transaction of them.
-        self.append_attempts(attempts).await?;
+        self.put_attempts(attempts).await?;
         self.client
             .put_item()
             .table_name(&self.main_table)
@@ -157,19 +172,6 @@ impl DeliveryStore for DynamoStore {
                 }
             })?;
         Ok(next)
-    }
-
-    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
-        for a in attempts {
-            self.client
-                .put_item()
-                .table_name(&self.main_table)
-                .set_item(Some(self.attempt_item(a)))
-                .send()
-                .await
-                .map_err(backend)?;
-        }
-        Ok(())
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {

@@ -354,9 +354,9 @@ impl Attempting<'_> {
             Ok(saved) => saved,
             Err(StoreError::Conflict(_)) => {
                 // Only a resend changes a delivery under a running attempt. The attempt
-                // still happened, so its record is kept (under its own generation); the
-                // resend queued its own message, so this one has nothing left to do.
-                services.store.append_attempts(&attempts).await?;
+                // still happened, and the store kept its record (under its own
+                // generation); the resend queued its own message, so this one has
+                // nothing left to do.
                 health::observe(services, self.endpoint, succeeded, now).await?;
                 return Ok(Disposition::Done);
             }

@@ -273,6 +273,49 @@ async fn at_most_once_interrupted_after_begin_is_never_sent_and_becomes_a_failur
     );
 }
 
+/// Two workers (a duplicate message) find the same at-most-once attempt interrupted:
+/// one settles it, and the log shows the interruption once, though the loser's save
+/// records its attempts too.
+#[tokio::test]
+async fn two_workers_finding_one_interrupted_attempt_record_it_once() {
+    let c = case(|e| e.mode = DeliveryMode::AtMostOnce).await;
+    let d = c.publish().await;
+    let policy = policy_of(&c.endpoint);
+    let lease = Duration::from_secs(40);
+    let now = c.world.clock.now();
+    let step = state_machine::begin(&d, 0, DeliveryMode::AtMostOnce, &policy, lease, now).unwrap();
+    let store = &c.world.services.store;
+    store.save_delivery(&step.delivery, &[]).await.unwrap();
+
+    c.advance(41);
+    let read = c.delivery(&d.id).await;
+    let later = c.world.clock.now();
+    let steps: Vec<_> = (0..2)
+        .map(|_| {
+            state_machine::begin(&read, 1, DeliveryMode::AtMostOnce, &policy, lease, later).unwrap()
+        })
+        .collect();
+    assert_eq!(steps[0].attempts().len(), 1, "each finds the interruption");
+    let first = store
+        .save_delivery(&steps[0].delivery, &steps[0].attempts())
+        .await;
+    let second = store
+        .save_delivery(&steps[1].delivery, &steps[1].attempts())
+        .await;
+    assert!(first.is_ok());
+    assert!(matches!(second, Err(crate::ports::StoreError::Conflict(_))));
+    let attempts = c.attempts(&d.id).await;
+    assert_eq!(
+        attempts.len(),
+        1,
+        "one interruption, one record: {attempts:?}"
+    );
+    assert_eq!(
+        attempts[0].failure_kind,
+        Some(crate::outcome::FailureKind::Interrupted)
+    );
+}
+
 #[tokio::test]
 async fn a_message_from_before_a_resend_sends_nothing() {
     let c = case(|_| {}).await;

@@ -46,6 +46,7 @@ impl DeliveryStore for MemoryStore {
         attempts: &[Attempt],
     ) -> StoreResult<Delivery> {
         let mut data = self.data();
+        data.append_attempts(attempts);
         let current = data.deliveries.get(delivery.id.as_str());
         if current.is_none_or(|d| d.version != delivery.version) {
             return Err(StoreError::Conflict(format!(
@@ -56,13 +57,7 @@ impl DeliveryStore for MemoryStore {
         let mut next = delivery.clone();
         next.version += 1;
         data.deliveries.insert(next.id.to_string(), next.clone());
-        data.append_attempts(attempts);
         Ok(next)
-    }
-
-    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
-        self.data().append_attempts(attempts);
-        Ok(())
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {

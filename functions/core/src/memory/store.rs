@@ -74,14 +74,22 @@ impl MemoryStore {
 }
 
 impl Data {
+    /// Append each attempt not already recorded under its id.
     pub(super) fn append_attempts(&mut self, attempts: &[Attempt]) {
         for attempt in attempts {
             let at = self.attempts.len();
-            self.attempts.push(attempt.clone());
-            self.attempts_by_delivery
+            let of_delivery = self
+                .attempts_by_delivery
                 .entry(attempt.delivery_id.to_string())
-                .or_default()
-                .push(at);
+                .or_default();
+            if of_delivery
+                .iter()
+                .any(|i| self.attempts[*i].id == attempt.id)
+            {
+                continue;
+            }
+            of_delivery.push(at);
+            self.attempts.push(attempt.clone());
         }
     }
 }

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Attempt, Delivery};
 use entrega_core::ids::{DeliveryId, EndpointId, EventId, TenantId};
-use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreResult};
+use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
@@ -16,7 +16,7 @@ fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbErro
 
 fn insert_attempts(conn: &Connection, attempts: &[Attempt]) -> Result<(), DbError> {
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO attempts (id, delivery_id, endpoint_id, started_at, json)
+        "INSERT OR IGNORE INTO attempts (id, delivery_id, endpoint_id, started_at, json)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for a in attempts {
@@ -86,9 +86,10 @@ impl DeliveryStore for SqliteStore {
         let attempts = attempts.to_vec();
         self.db
             .call(move |conn| {
-                // The state and the attempts that led to it commit together, so the log
-                // never shows a state without the attempt that explains it.
+                // The attempts commit whether or not the state write lands (see the
+                // port): a conflict is an answer, not a rollback.
                 let tx = conn.savepoint()?;
+                insert_attempts(&tx, &attempts)?;
                 let n = tx
                     .prepare_cached(
                         "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5
@@ -102,29 +103,13 @@ impl DeliveryStore for SqliteStore {
                         serde_json::to_string(&next)?,
                         (next.version - 1) as i64,
                     ])?;
-                if n == 0 {
-                    return Err(DbError::Conflict(format!(
-                        "delivery {} changed meanwhile",
-                        next.id
-                    )));
-                }
-                insert_attempts(&tx, &attempts)?;
                 tx.commit()?;
-                Ok(next)
+                Ok((n == 1).then_some(next))
             })
-            .await
-    }
-
-    async fn append_attempts(&self, attempts: &[Attempt]) -> StoreResult<()> {
-        let attempts = attempts.to_vec();
-        self.db
-            .call(move |conn| {
-                let tx = conn.savepoint()?;
-                insert_attempts(&tx, &attempts)?;
-                tx.commit()?;
-                Ok(())
+            .await?
+            .ok_or_else(|| {
+                StoreError::Conflict(format!("delivery {} changed meanwhile", delivery.id))
             })
-            .await
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
