@@ -69,10 +69,25 @@ impl Sim {
                 // Waiting for a human to re-enable its endpoint.
                 DeliveryState::Paused if endpoint.as_ref().is_some_and(|e| e.disabled) => {}
                 state if state.is_terminal() => {
+                    // The record support reads instead of the log: the payload to
+                    // resend, when each attempt of this generation was made, and why
+                    // the last one failed.
                     let failures = store.failures_of_delivery(&delivery.id).await.unwrap();
+                    let payload = self
+                        .published
+                        .iter()
+                        .find(|e| e.id == delivery.event_id)
+                        .map(|e| e.payload.as_str());
+                    let times: Vec<_> = attempts
+                        .iter()
+                        .filter(|a| a.generation == delivery.generation)
+                        .map(|a| a.started_at)
+                        .collect();
                     assert!(
-                        !failures.is_empty(),
-                        "seed {seed}: {} ended {state:?} without a failure record",
+                        failures.iter().any(|f| Some(f.payload.as_str()) == payload
+                            && f.attempt_times == times
+                            && f.last_error == delivery.last_error),
+                        "seed {seed}: {} ended {state:?} without a full failure record: {failures:#?}",
                         delivery.id
                     );
                 }
