@@ -24,6 +24,8 @@ pub enum Component {
     AgeCheck,
     /// The scheduled sweep for deliveries whose message was lost.
     Sweeper,
+    /// A drain of a producer's PostgreSQL outbox.
+    ProducerOutbox,
 }
 
 /// One component failing since `since`, for `reason`, `occurrences` times.

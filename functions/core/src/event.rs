@@ -35,6 +35,16 @@ impl Event {
     }
 }
 
+impl Event {
+    /// Whether `other`, published again under this one's id, is the same event: same
+    /// type, same data (compared as JSON values, so key order and number spelling do
+    /// not matter).
+    pub fn same_as(&self, other: &Event) -> bool {
+        let data = |e: &Event| serde_json::from_str::<serde_json::Value>(&e.payload).ok();
+        self.event_type == other.event_type && data(self) == data(other)
+    }
+}
+
 /// RFC 3339 UTC with millisecond precision, the one timestamp format of the API.
 pub fn format_timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)

@@ -16,6 +16,7 @@ pub mod ids;
 pub mod memory;
 pub mod outcome;
 pub mod ports;
+pub mod producer_outbox;
 pub mod retry;
 pub mod retry_after;
 pub mod signature;

@@ -7,6 +7,7 @@ pub mod http_server;
 pub mod listen;
 pub mod metrics;
 pub mod notifier;
+pub mod pg_outbox;
 pub mod runtime;
 pub mod serve;
 pub mod sqlite;

@@ -71,7 +71,8 @@ enum Command {
         command: EndpointsCommand,
     },
     /// The outbox: `entrega outbox replay --backend aws --since …` fans out again the
-    /// events committed since a time (after the outbox trigger gave up on some).
+    /// events committed since a time (after the outbox trigger gave up on some);
+    /// `entrega outbox init --postgres URL` prepares a producer's PostgreSQL outbox.
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
@@ -96,6 +97,17 @@ enum OutboxCommand {
         /// 2026-11-29T00:00:00Z.
         #[arg(long, value_parser = cli::parse_time)]
         since: chrono::DateTime<chrono::Utc>,
+    },
+    /// Create `entrega_outbox`, its quarantine table and its NOTIFY trigger in the
+    /// producer's PostgreSQL (idempotent).
+    Init {
+        /// The producer's database, e.g. `postgres://owner@db.internal/crm`.
+        #[arg(long, env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_parser = parse_postgres_url)]
+        postgres: tokio_postgres::Config,
+        /// The role `entrega serve --outbox` connects as: granted reading and deleting
+        /// outbox rows and adding quarantined ones, nothing else.
+        #[arg(long)]
+        grant_to: Option<String>,
     },
 }
 
@@ -197,9 +209,20 @@ struct ServeArgs {
     /// new one. Example: 4096.
     #[arg(long, env = "ENTREGA_MAX_CONNECTIONS", default_value_t = entrega_embedded::http_server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
+    /// Drain a producer's transactional outbox in its own PostgreSQL, e.g.
+    /// `postgres://entrega@db.internal/crm` (see `entrega outbox init`). Repeatable;
+    /// the same URL twice runs two drains of one table.
+    #[arg(long = "outbox", env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_delimiter = ' ', value_parser = parse_postgres_url)]
+    outboxes: Vec<tokio_postgres::Config>,
     /// Log format.
     #[arg(long, env = "ENTREGA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+/// A PostgreSQL URL, named in the error without echoing it (it may hold a password).
+fn parse_postgres_url(s: &str) -> Result<tokio_postgres::Config, String> {
+    s.parse()
+        .map_err(|e| format!("not a PostgreSQL URL (postgres://user@host:port/database): {e}"))
 }
 
 #[derive(clap::Args)]
@@ -280,8 +303,23 @@ async fn run(command: Command) -> Result<(), BoxError> {
                 max_db_size: args.max_db_size_mb.map(|mb| mb * 1024 * 1024),
                 metrics_token: args.metrics_token,
                 max_connections: args.max_connections as usize,
+                outboxes: args.outboxes,
             })
             .await
+        }
+        Command::Outbox {
+            command: OutboxCommand::Init { postgres, grant_to },
+        } => {
+            let (mut client, connection) = postgres.connect(tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            entrega_embedded::pg_outbox::schema::init(&mut client, grant_to.as_deref())
+                .await
+                .map_err(|e| entrega_embedded::pg_outbox::error_text(&e))?;
+            println!(
+                "entrega_outbox ready in {}",
+                entrega_embedded::pg_outbox::describe(&postgres)
+            );
+            Ok(())
         }
         Command::Provision(args) => provision_aws(&args).await,
         Command::Listen(args) => {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{AttemptMetric, Metrics};
+use entrega_core::producer_outbox::QuarantineReason;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,6 +36,11 @@ struct EndpointLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TenantLabels {
     tenant: String,
 }
@@ -52,6 +58,8 @@ pub struct PrometheusMetrics {
     backlog: Family<TenantLabels, Gauge<u64, AtomicU64>>,
     oldest_unacknowledged: Gauge<u64, AtomicU64>,
     swept: Counter,
+    outbox_drained: Counter,
+    outbox_quarantined: Family<ReasonLabels, Counter>,
 }
 
 impl Default for PrometheusMetrics {
@@ -66,6 +74,18 @@ impl Default for PrometheusMetrics {
         let backlog = Family::<TenantLabels, Gauge<u64, AtomicU64>>::default();
         let oldest_unacknowledged = Gauge::<u64, AtomicU64>::default();
         let swept = Counter::default();
+        let outbox_drained = Counter::default();
+        let outbox_quarantined = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "producer_outbox_events",
+            "Rows of producers' PostgreSQL outboxes that became events",
+            outbox_drained.clone(),
+        );
+        registry.register(
+            "producer_outbox_quarantined",
+            "Rows of producers' PostgreSQL outboxes moved to quarantine, by reason",
+            outbox_quarantined.clone(),
+        );
         registry.register("attempts", "Delivery attempts by outcome", attempts.clone());
         registry.register(
             "response_seconds",
@@ -102,6 +122,8 @@ impl Default for PrometheusMetrics {
             backlog,
             oldest_unacknowledged,
             swept,
+            outbox_drained,
+            outbox_quarantined,
         }
     }
 }
@@ -138,6 +160,18 @@ impl Metrics for PrometheusMetrics {
 
     fn deliveries_swept(&self, count: u64) {
         self.swept.inc_by(count);
+    }
+
+    fn producer_outbox_drained(&self, count: u64) {
+        self.outbox_drained.inc_by(count);
+    }
+
+    fn producer_outbox_quarantined(&self, reason: QuarantineReason) {
+        self.outbox_quarantined
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
     }
 
     fn oldest_unacknowledged_failure(&self, age: Option<Duration>) {

@@ -66,6 +66,9 @@ pub struct ServeConfig {
     pub metrics_token: Option<String>,
     /// Connections the API serves at once.
     pub max_connections: usize,
+    /// Producers' PostgreSQL outboxes to drain, one drain each (the same one twice:
+    /// two drains of one table).
+    pub outboxes: Vec<tokio_postgres::Config>,
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -305,12 +308,23 @@ where
     let metrics_route = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
         .with_state((state.clone(), Arc::new(metrics)));
-    let app = router(state).merge(metrics_route);
+    let app = router(state.clone()).merge(metrics_route);
     let addr = listener.local_addr()?;
     println!("entrega listening on http://{addr} ({data})");
     tracing::info!(%addr, %data, "started");
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = tokio::spawn(workers(stop_rx.clone()));
+    let mut drains = tokio::task::JoinSet::new();
+    for outbox in &config.outboxes {
+        tracing::info!(outbox = %crate::pg_outbox::describe(outbox), "draining");
+        let drain = crate::pg_outbox::Drain {
+            config: outbox.clone(),
+            services: state.services.clone(),
+            after_publish: probes.after_publish.clone(),
+            conditions: probes.conditions.clone(),
+        };
+        drains.spawn(drain.run(stop_rx.clone()));
+    }
     let api = tokio::spawn(crate::http_server::serve(
         listener,
         app,
@@ -321,6 +335,7 @@ where
     tracing::info!("stopping: finishing in-flight attempts");
     let _ = stop_tx.send(true);
     api.await?;
+    drains.join_all().await;
     workers.await?;
     tracing::info!("stopped");
     Ok(())

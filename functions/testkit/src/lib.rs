@@ -3,6 +3,7 @@
 //! (the local AWS emulator) started and stopped by the test that needs it.
 
 pub mod conformance;
+pub mod postgres;
 pub mod sim;
 
 use std::collections::VecDeque;
@@ -36,6 +37,14 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A free loopback port (bound, then released for a child process to take).
+pub fn free_loopback_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a loopback port")
+        .port()
 }
 
 /// The `http://…` address a started `entrega serve` announces on the first line of

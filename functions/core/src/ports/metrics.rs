@@ -28,6 +28,10 @@ pub trait Metrics: Send + Sync {
     fn outbox_item_refused(&self) {}
     /// The sweeper queued this many deliveries whose message was lost.
     fn deliveries_swept(&self, _count: u64) {}
+    /// This many rows of a producer's PostgreSQL outbox became events.
+    fn producer_outbox_drained(&self, _count: u64) {}
+    /// A producer's outbox row was moved to quarantine.
+    fn producer_outbox_quarantined(&self, _reason: crate::producer_outbox::QuarantineReason) {}
 }
 
 /// Metrics that go nowhere (tools that run handlers outside a runtime).

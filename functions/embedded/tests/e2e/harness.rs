@@ -18,13 +18,7 @@ pub fn entrega_bin() -> PathBuf {
 }
 
 /// A free loopback port (bound, then released for a child process to take).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use entrega_testkit::free_loopback_port as free_port;
 
 /// A running `entrega serve`.
 pub struct Server {

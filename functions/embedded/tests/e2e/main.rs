@@ -16,6 +16,7 @@ mod listen;
 mod load;
 mod openapi;
 mod operations;
+mod pg_outbox;
 mod readme;
 mod retries;
 mod ssrf;

@@ -96,7 +96,7 @@ pub(super) async fn publish(
             }
         }
         // Same id again with the same body: the same event, nothing sent twice.
-        Published::Existing(existing) if same_event(&existing, &event) => {}
+        Published::Existing(existing) if existing.same_as(&event) => {}
         Published::Existing(_) => {
             return Err(ApiError::conflict(format!(
                 "event id `{}` was already published with a different type or data; \
@@ -111,13 +111,6 @@ pub(super) async fn publish(
             id: event.id.to_string(),
         }),
     ))
-}
-
-/// Whether a re-published event is the one stored: same type, same data (compared as
-/// JSON values, so key order and number spelling do not matter).
-fn same_event(stored: &Event, new: &Event) -> bool {
-    let data = |e: &Event| serde_json::from_str::<Value>(&e.payload).ok();
-    stored.event_type == new.event_type && data(stored) == data(new)
 }
 
 /// How long a client held back by the backlog limit should wait.

@@ -1,0 +1,128 @@
+//! A producer's transactional outbox in its own database: what one row must hold to
+//! become an event, and why a row that cannot is quarantined. The same rules as
+//! `POST /v1/events`; the adapter that reads the rows (PostgreSQL) lives with the
+//! embedded runtime.
+
+use chrono::{DateTime, Utc};
+
+use crate::endpoint::{is_operational, validate_event_type};
+use crate::event::{Event, MAX_PAYLOAD_BYTES};
+use crate::ids::{EventId, TenantId};
+
+/// One row of the producer's outbox table, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub event_type: String,
+    /// The JSON text (the column is `jsonb`, so it is valid JSON).
+    pub payload: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Why a row can never become an event: it is moved to quarantine with this reason,
+/// so it neither blocks the rows behind it nor disappears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuarantineReason {
+    /// No tenant has this id.
+    UnknownTenant,
+    /// Not an event id (1 to 128 of `[A-Za-z0-9_:-]`, or a UUID).
+    BadId,
+    /// Not a dot-separated event type of at most 128 characters.
+    BadType,
+    /// A type under `entrega.`, which only Entrega's own events may use.
+    ReservedType,
+    /// A payload over 256 KiB.
+    TooLarge,
+    /// The id was already published with another type or payload.
+    IdReused,
+}
+
+impl QuarantineReason {
+    /// The reason as stored in the quarantine table and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownTenant => "unknown_tenant",
+            Self::BadId => "bad_id",
+            Self::BadType => "bad_type",
+            Self::ReservedType => "reserved_type",
+            Self::TooLarge => "too_large",
+            Self::IdReused => "id_reused",
+        }
+    }
+}
+
+/// The event a row stands for, or why it can never be one. Whether its tenant exists
+/// is the caller's to check (it needs the store).
+pub fn event_of_row(row: &OutboxRow) -> Result<Event, QuarantineReason> {
+    let id: EventId = row.id.parse().map_err(|_| QuarantineReason::BadId)?;
+    let tenant_id: TenantId = row
+        .tenant_id
+        .parse()
+        .map_err(|_| QuarantineReason::UnknownTenant)?;
+    validate_event_type(&row.event_type).map_err(|_| QuarantineReason::BadType)?;
+    if is_operational(&row.event_type.to_ascii_lowercase()) {
+        return Err(QuarantineReason::ReservedType);
+    }
+    if row.payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(QuarantineReason::TooLarge);
+    }
+    Ok(Event {
+        id,
+        tenant_id,
+        event_type: row.event_type.clone(),
+        payload: row.payload.clone(),
+        // The producer's commit time, so publish → delivered counts the outbox wait.
+        created_at: row.created_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> OutboxRow {
+        OutboxRow {
+            id: "0b4e6f8a-1f3c-4c1e-9d7e-6a2b5c3d4e5f".into(),
+            tenant_id: TenantId::generate().to_string(),
+            event_type: "lead.created".into(),
+            payload: r#"{"lead":1}"#.into(),
+            created_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_good_row_is_its_event_byte_for_byte() {
+        let r = row();
+        let event = event_of_row(&r).unwrap();
+        assert_eq!(event.id.as_str(), r.id);
+        assert_eq!(event.payload, r.payload);
+        assert_eq!(event.created_at, r.created_at);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let bad = |f: fn(&mut OutboxRow)| {
+            let mut r = row();
+            f(&mut r);
+            event_of_row(&r).unwrap_err()
+        };
+        assert_eq!(bad(|r| r.id = "a.b".into()), QuarantineReason::BadId);
+        assert_eq!(
+            bad(|r| r.tenant_id = "acme".into()),
+            QuarantineReason::UnknownTenant
+        );
+        assert_eq!(
+            bad(|r| r.event_type = "a..b".into()),
+            QuarantineReason::BadType
+        );
+        assert_eq!(
+            bad(|r| r.event_type = "Entrega.endpoint.disabled".into()),
+            QuarantineReason::ReservedType
+        );
+        assert_eq!(
+            bad(|r| r.payload = format!("\"{}\"", "x".repeat(MAX_PAYLOAD_BYTES))),
+            QuarantineReason::TooLarge
+        );
+    }
+}

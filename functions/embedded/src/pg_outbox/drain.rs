@@ -1,0 +1,283 @@
+//! Draining one producer outbox into Entrega's store.
+//!
+//! Each batch is one PostgreSQL transaction: lock up to [`DRAIN_BATCH`] of the oldest
+//! rows with `FOR UPDATE SKIP LOCKED` (a second drain, in this process or another,
+//! takes the next rows instead of waiting or taking the same ones), commit each row's
+//! event into Entrega's store, and only then delete the rows (moving the bad ones to
+//! quarantine) and commit. A crash before that commit leaves the rows in place, to be
+//! drained again: publishing is idempotent by event id, so a row never becomes two
+//! events. A drain wakes on the insert trigger's `NOTIFY` and polls every
+//! [`FALLBACK_POLL`] in case a notification was missed (a reconnect, a restart).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use entrega_core::conditions::{Component, Conditions};
+use entrega_core::event::Event;
+use entrega_core::ids::TenantId;
+use entrega_core::ports::{Published, Services, StoreError};
+use entrega_core::producer_outbox::{event_of_row, OutboxRow, QuarantineReason};
+use entrega_http::api::AfterPublish;
+use entrega_runtime::{pause, LoopBackoff};
+use futures_util::future::join_all;
+use futures_util::{stream, StreamExt};
+use tokio::sync::{watch, Notify};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use super::schema::{self, CHANNEL};
+
+/// Rows per batch: one transaction, one store group commit, one `DELETE`. Bounded so
+/// a batch's locks and memory stay small (at most 500 × 256 KiB payloads).
+pub const DRAIN_BATCH: i64 = 500;
+/// The longest a committed row waits when its notification was missed.
+pub const FALLBACK_POLL: Duration = Duration::from_secs(1);
+/// Fan-outs of freshly published events run this many at once.
+const FAN_OUT_CONCURRENCY: usize = 64;
+/// How long connecting to the producer's database may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a batch did not drain.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    /// The producer's database: the rows stay where they are.
+    #[error("{}", super::error_text(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+    /// The outbox table is missing or of another contract version.
+    #[error("{0}")]
+    Contract(String),
+    /// Entrega's own store: the batch is rolled back in PostgreSQL and retried.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// One drain of one outbox. Several may run against the same table.
+pub struct Drain {
+    pub config: tokio_postgres::Config,
+    pub services: Services,
+    /// The embedded runtime fans a new event out at once; `None` where the store's
+    /// own outbox does it (the AWS backend's stream).
+    pub after_publish: Option<Arc<dyn AfterPublish>>,
+    pub conditions: Arc<Conditions>,
+}
+
+/// What one batch did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    pub events: usize,
+    pub quarantined: usize,
+}
+
+impl Drained {
+    fn rows(&self) -> usize {
+        self.events + self.quarantined
+    }
+}
+
+impl Drain {
+    /// Drain until `shutdown` turns true. A failing database or store is reported in
+    /// `/healthz` and retried with backoff; nothing is lost meanwhile (the rows wait).
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let name = super::describe(&self.config);
+        let wake = Arc::new(Notify::new());
+        let mut backoff = LoopBackoff::default();
+        let mut client: Option<Client> = None;
+        while !*shutdown.borrow() {
+            let connected = match client.take() {
+                Some(c) if !c.is_closed() => Ok(c),
+                _ => self.connect(wake.clone()).await,
+            };
+            let result = match connected {
+                Ok(mut c) => {
+                    let r = self.drain_batch(&mut c).await;
+                    client = Some(c);
+                    r
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(drained) => {
+                    self.conditions.recovered(Component::ProducerOutbox);
+                    backoff.reset();
+                    if drained.rows() < DRAIN_BATCH as usize {
+                        tokio::select! {
+                            _ = wake.notified() => {}
+                            _ = tokio::time::sleep(FALLBACK_POLL) => {}
+                            _ = shutdown.changed() => {}
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.conditions.failing(
+                        Component::ProducerOutbox,
+                        &format!("{name}: {e}"),
+                        self.services.clock.now(),
+                    );
+                    pause(&mut shutdown, backoff.next_pause()).await;
+                }
+            }
+        }
+    }
+
+    /// Connect, check the table's contract, and listen: the connection's task turns
+    /// each notification into a wake-up.
+    async fn connect(&self, wake: Arc<Notify>) -> Result<Client, DrainError> {
+        let mut config = self.config.clone();
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("entrega-outbox-drain");
+        let (client, mut connection) = config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(_) = message {
+                    wake.notify_one();
+                }
+            }
+        });
+        schema::check(&client).await.map_err(DrainError::Contract)?;
+        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        Ok(client)
+    }
+
+    /// Drain one batch of the oldest unlocked rows.
+    pub async fn drain_batch(&self, client: &mut Client) -> Result<Drained, DrainError> {
+        let tx = client.transaction().await?;
+        let rows = tx
+            .query(
+                "SELECT id, tenant_id, type, payload::text,
+                        (extract(epoch FROM created_at) * 1000000)::bigint
+                   FROM entrega_outbox
+                  ORDER BY created_at, id
+                  LIMIT $1
+                    FOR UPDATE SKIP LOCKED",
+                &[&DRAIN_BATCH],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(Drained::default());
+        }
+        let rows: Vec<OutboxRow> = rows
+            .iter()
+            .map(|r| OutboxRow {
+                id: r.get(0),
+                tenant_id: r.get(1),
+                event_type: r.get(2),
+                payload: r.get(3),
+                created_at: Utc
+                    .timestamp_micros(r.get(4))
+                    .single()
+                    .unwrap_or_else(Utc::now),
+            })
+            .collect();
+        let (events, mut bad) = self.screen(&rows).await?;
+        let created = self.publish_all(&events, &mut bad).await?;
+
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        if !bad.is_empty() {
+            let (bad_ids, reasons): (Vec<&str>, Vec<&str>) =
+                bad.iter().map(|(id, r)| (id.as_str(), r.as_str())).unzip();
+            tx.execute(
+                "INSERT INTO entrega_outbox_quarantine
+                        (id, tenant_id, type, payload, created_at, reason)
+                 SELECT o.id, o.tenant_id, o.type, o.payload, o.created_at, q.reason
+                   FROM entrega_outbox o
+                   JOIN unnest($1::text[], $2::text[]) AS q(id, reason) ON o.id = q.id",
+                &[&bad_ids, &reasons],
+            )
+            .await?;
+        }
+        tx.execute("DELETE FROM entrega_outbox WHERE id = ANY($1)", &[&ids])
+            .await?;
+        tx.commit().await?;
+
+        let drained = Drained {
+            events: rows.len() - bad.len(),
+            quarantined: bad.len(),
+        };
+        self.services
+            .metrics
+            .producer_outbox_drained(drained.events as u64);
+        for (id, reason) in &bad {
+            tracing::warn!(row_id = %id, reason = reason.as_str(), "outbox row quarantined");
+            self.services.metrics.producer_outbox_quarantined(*reason);
+        }
+        self.fan_out(created).await;
+        Ok(drained)
+    }
+
+    /// Rows that can become events, and the others with why not.
+    async fn screen(
+        &self,
+        rows: &[OutboxRow],
+    ) -> Result<(Vec<Event>, Vec<(String, QuarantineReason)>), StoreError> {
+        let mut tenants: HashMap<TenantId, bool> = HashMap::new();
+        let (mut events, mut bad) = (Vec::new(), Vec::new());
+        for row in rows {
+            let event = match event_of_row(row) {
+                Ok(event) => event,
+                Err(reason) => {
+                    bad.push((row.id.clone(), reason));
+                    continue;
+                }
+            };
+            let known = match tenants.get(&event.tenant_id) {
+                Some(known) => *known,
+                None => {
+                    let known = self
+                        .services
+                        .store
+                        .get_tenant(&event.tenant_id)
+                        .await?
+                        .is_some();
+                    tenants.insert(event.tenant_id.clone(), known);
+                    known
+                }
+            };
+            if known {
+                events.push(event);
+            } else {
+                bad.push((row.id.clone(), QuarantineReason::UnknownTenant));
+            }
+        }
+        Ok((events, bad))
+    }
+
+    /// Commit every event into the store, all at once so the store can group them
+    /// into few commits. An id already published with other content is bad; any
+    /// store error fails the batch (the PostgreSQL transaction rolls back, so the
+    /// rows are drained again and the events already committed are found as
+    /// duplicates). Returns the events this call created.
+    async fn publish_all(
+        &self,
+        events: &[Event],
+        bad: &mut Vec<(String, QuarantineReason)>,
+    ) -> Result<Vec<Event>, StoreError> {
+        let store = &self.services.store;
+        let results = join_all(events.iter().map(|e| store.publish(e))).await;
+        let mut created = Vec::new();
+        for (event, result) in events.iter().zip(results) {
+            match result? {
+                Published::Created => created.push(event.clone()),
+                Published::Existing(stored) if stored.same_as(event) => {}
+                Published::Existing(_) => {
+                    bad.push((event.id.to_string(), QuarantineReason::IdReused));
+                }
+            }
+        }
+        Ok(created)
+    }
+
+    /// Fan the new events out now (the embedded runtime); if this fails or the
+    /// process dies first, the store's own outbox poller does it.
+    async fn fan_out(&self, created: Vec<Event>) {
+        let Some(next) = &self.after_publish else {
+            return;
+        };
+        stream::iter(created)
+            .for_each_concurrent(FAN_OUT_CONCURRENCY, |event| async move {
+                next.published(&event).await;
+            })
+            .await;
+    }
+}

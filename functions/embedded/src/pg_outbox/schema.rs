@@ -1,0 +1,99 @@
+//! The outbox table contract, version 1, and `entrega outbox init`, which creates it
+//! (idempotent, safe to run from two places at once) and grants Entrega's role only
+//! what the drain needs.
+//!
+//! ```sql
+//! entrega_outbox (
+//!     id         text PRIMARY KEY DEFAULT gen_random_uuid()::text, -- the event id
+//!     tenant_id  text NOT NULL,                                    -- ten_…
+//!     type       text NOT NULL,                                    -- lead.created
+//!     payload    jsonb NOT NULL,                                   -- the webhook's data
+//!     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+//! )
+//! ```
+//!
+//! The same fields as the DynamoDB outbox item. `entrega_outbox_quarantine` holds the
+//! rows that can never become events, with the reason; an `AFTER INSERT` trigger
+//! notifies channel [`CHANNEL`] so a drain wakes at the producer's commit.
+
+use tokio_postgres::Client;
+
+/// What `COMMENT ON TABLE entrega_outbox` says; a drain refuses any other table.
+pub const CONTRACT_VERSION: &str = "entrega outbox v1";
+/// The channel the insert trigger notifies (on commit only: a rolled-back insert
+/// wakes nobody).
+pub const CHANNEL: &str = "entrega_outbox";
+/// Serialises concurrent `init` runs (`CREATE … IF NOT EXISTS` alone can race).
+const INIT_LOCK: i64 = 0x656e_7472_6567_61;
+
+const CREATE: &str = r#"
+CREATE TABLE IF NOT EXISTS entrega_outbox (
+    id         text PRIMARY KEY DEFAULT gen_random_uuid()::text,
+    tenant_id  text NOT NULL,
+    type       text NOT NULL,
+    payload    jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS entrega_outbox_by_age ON entrega_outbox (created_at, id);
+CREATE TABLE IF NOT EXISTS entrega_outbox_quarantine (
+    id             text NOT NULL,
+    tenant_id      text NOT NULL,
+    type           text NOT NULL,
+    payload        jsonb NOT NULL,
+    created_at     timestamptz NOT NULL,
+    reason         text NOT NULL,
+    quarantined_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE OR REPLACE FUNCTION entrega_outbox_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('entrega_outbox', ''); RETURN NULL; END $$;
+CREATE OR REPLACE TRIGGER entrega_outbox_notify AFTER INSERT ON entrega_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION entrega_outbox_notify();
+COMMENT ON TABLE entrega_outbox IS 'entrega outbox v1';
+"#;
+
+/// Create the tables and the trigger (idempotent). With `grant_to`, give that role
+/// what a drain needs and nothing more: read, lock and delete outbox rows, add
+/// quarantined ones. Locking (`FOR UPDATE`) needs the UPDATE privilege on one column;
+/// it is granted on `created_at` alone, which the drain never writes.
+pub async fn init(
+    client: &mut Client,
+    grant_to: Option<&str>,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INIT_LOCK])
+        .await?;
+    tx.batch_execute(CREATE).await?;
+    if let Some(role) = grant_to {
+        let quoted: String = tx
+            .query_one("SELECT quote_ident($1)", &[&role])
+            .await?
+            .get(0);
+        tx.batch_execute(&format!(
+            "GRANT SELECT, DELETE, UPDATE (created_at) ON entrega_outbox TO {quoted};
+             GRANT INSERT ON entrega_outbox_quarantine TO {quoted};"
+        ))
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// Whether the outbox table is there and of this contract version.
+pub async fn check(client: &Client) -> Result<(), String> {
+    let row = client
+        .query_one(
+            "SELECT obj_description(to_regclass('entrega_outbox'), 'pg_class')",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    match row.get::<_, Option<String>>(0) {
+        Some(v) if v == CONTRACT_VERSION => Ok(()),
+        Some(v) => Err(format!(
+            "entrega_outbox is `{v}`, this entrega drains `{CONTRACT_VERSION}`"
+        )),
+        None => Err(
+            "no entrega_outbox table (of this contract); create it with `entrega outbox init --postgres URL`"
+                .into(),
+        ),
+    }
+}
