@@ -36,10 +36,7 @@ fn bin_dir() -> PathBuf {
         })
         .collect();
     versions.sort();
-    versions
-        .pop()
-        .map(|(_, bin)| bin)
-        .unwrap_or_default()
+    versions.pop().map(|(_, bin)| bin).unwrap_or_default()
 }
 
 fn is_root() -> bool {

@@ -24,7 +24,7 @@ pub const CONTRACT_VERSION: &str = "entrega outbox v1";
 /// wakes nobody).
 pub const CHANNEL: &str = "entrega_outbox";
 /// Serialises concurrent `init` runs (`CREATE … IF NOT EXISTS` alone can race).
-const INIT_LOCK: i64 = 0x656e_7472_6567_61;
+const INIT_LOCK: i64 = 0x0065_6e74_7265_6761; // "entrega"
 
 const CREATE: &str = r#"
 CREATE TABLE IF NOT EXISTS entrega_outbox (
