@@ -102,8 +102,8 @@ enum OutboxCommand {
     /// producer's PostgreSQL (idempotent).
     Init {
         /// The producer's database, e.g. `postgres://owner@db.internal/crm`.
-        #[arg(long, env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_parser = parse_postgres_url)]
-        postgres: tokio_postgres::Config,
+        #[arg(long, env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_parser = parse_postgres_url_boxed)]
+        postgres: Box<tokio_postgres::Config>,
         /// The role `entrega serve --outbox` connects as: granted reading and deleting
         /// outbox rows and adding quarantined ones, nothing else.
         #[arg(long)]
@@ -223,6 +223,10 @@ struct ServeArgs {
 fn parse_postgres_url(s: &str) -> Result<tokio_postgres::Config, String> {
     s.parse()
         .map_err(|e| format!("not a PostgreSQL URL (postgres://user@host:port/database): {e}"))
+}
+
+fn parse_postgres_url_boxed(s: &str) -> Result<Box<tokio_postgres::Config>, String> {
+    parse_postgres_url(s).map(Box::new)
 }
 
 #[derive(clap::Args)]
