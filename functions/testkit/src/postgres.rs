@@ -1,8 +1,9 @@
 //! A throw-away PostgreSQL server for tests and benches: a fresh cluster in a temporary
 //! directory, listening on a free loopback port (and a Unix socket in that directory),
 //! stopped and deleted when dropped. It runs Debian's `postgresql` binaries (which
-//! `scripts/test` installs on a machine that lacks them); as root, it runs them as the
-//! `postgres` user, since PostgreSQL refuses to run as root.
+//! `scripts/postgres-tools` unpacks into the checkout on a machine that lacks them);
+//! as root, it runs them as the `postgres` user (or `nobody` where there is none),
+//! since PostgreSQL refuses to run as root.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,6 +47,19 @@ fn is_root() -> bool {
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }
 
+/// Who runs the server when the tests run as root: PostgreSQL refuses root.
+fn server_user() -> &'static str {
+    let has_postgres = Command::new("id")
+        .arg("postgres")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_postgres {
+        "postgres"
+    } else {
+        "nobody"
+    }
+}
+
 impl PgCluster {
     /// Create and start a cluster; panics, saying what is missing, if it cannot.
     pub fn start() -> Self {
@@ -55,13 +69,13 @@ impl PgCluster {
         let root = is_root();
         if root {
             let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
+                .args(["-R", server_user()])
                 .arg(&dir.0)
                 .status()
                 .expect("chown runs");
             assert!(
                 status.success(),
-                "the `postgres` user exists (Debian's postgresql package)"
+                "the server's directory is handed to its user"
             );
         }
         let cluster = Self { bin, dir, port };
@@ -114,7 +128,7 @@ impl PgCluster {
         let path = self.bin.join(program);
         if is_root() {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(path);
+            c.args(["-u", server_user(), "--"]).arg(path);
             c
         } else {
             Command::new(path)
