@@ -14,15 +14,14 @@
 //! `--durability normal`).
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 mod common;
+use common::server::{post, set_up, start_server};
 use common::{bare_client, payload, start_receiver, Arrivals};
-use entrega_testkit::{served_address, TempDir};
 
 const DEFAULT_EVENTS: usize = 20_000;
 const PUBLISHERS: usize = 32;
@@ -31,79 +30,8 @@ const LOW_LOAD_EVENTS: usize = 300;
 /// Deliveries left pending behind an endpoint that never answers, for the memory
 /// figure (`ENTREGA_BENCH_PENDING`).
 const DEFAULT_PENDING: usize = 100_000;
-const ADMIN_KEY: &str = "admin_key_for_bench_0123456789abcdef";
 /// How long the throughput run may take before the bench gives up.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
-
-struct Server {
-    child: Child,
-    base: String,
-    _dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(extra: &[String]) -> Server {
-    let dir = TempDir::new("bench");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_entrega"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.0.join("entrega.db"))
-        .args(["--allow-target", "127.0.0.0/8", "--allow-http"])
-        .args(["--api-rate-limit", "10000000", "--max-backlog", "10000000"])
-        .args(extra)
-        .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the entrega binary starts");
-    let base = served_address(&mut child).expect("a listen line");
-    Server {
-        child,
-        base,
-        _dir: dir,
-    }
-}
-
-async fn post(client: &reqwest::Client, url: String, key: &str, body: &Value) -> (u16, Value) {
-    let resp = client
-        .post(url)
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-/// A tenant with one endpoint at `url`; its API key.
-async fn set_up(server: &Server, url: &str, max_concurrency: u32) -> String {
-    let client = reqwest::Client::new();
-    let (status, tenant) = post(
-        &client,
-        format!("{}/v1/tenants", server.base),
-        ADMIN_KEY,
-        &json!({"name": "Bench", "owner_email": "owner@example.com"}),
-    )
-    .await;
-    assert_eq!(status, 201, "{tenant}");
-    let key = tenant["api_key"].as_str().unwrap().to_owned();
-    let (status, endpoint) = post(
-        &client,
-        format!("{}/v1/endpoints", server.base),
-        &key,
-        &json!({"url": url, "max_concurrency": max_concurrency}),
-    )
-    .await;
-    assert_eq!(status, 201, "{endpoint}");
-    key
-}
 
 /// Publish `ids` with [`PUBLISHERS`] connections; when each was sent.
 async fn publish_all(base: &str, key: &str, ids: Vec<String>) -> HashMap<String, Instant> {

@@ -23,7 +23,7 @@ use entrega_http::api::AfterPublish;
 use entrega_runtime::{pause, LoopBackoff};
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::schema::{self, CHANNEL};
@@ -35,6 +35,11 @@ pub const DRAIN_BATCH: i64 = 500;
 pub const FALLBACK_POLL: Duration = Duration::from_secs(1);
 /// Fan-outs of freshly published events run this many at once.
 const FAN_OUT_CONCURRENCY: usize = 64;
+/// Batches whose fan-out may still run while the drain goes on. The drain does not
+/// wait for fan-outs (the events are durable in the store already), but past this it
+/// does: fan-out is the back-pressure, and its backlog stays under the outbox
+/// poller's grace, so the poller never fans the same events out beside it.
+const FAN_OUT_BATCHES_IN_FLIGHT: usize = 4;
 /// How long connecting to the producer's database may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -62,6 +67,11 @@ pub struct Drain {
     pub conditions: Arc<Conditions>,
 }
 
+/// Room for fan-outs running behind the drain (see [`FAN_OUT_BATCHES_IN_FLIGHT`]).
+fn fan_out_room() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(FAN_OUT_BATCHES_IN_FLIGHT))
+}
+
 /// What one batch did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Drained {
@@ -81,6 +91,7 @@ impl Drain {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let name = super::describe(&self.config);
         let wake = Arc::new(Notify::new());
+        let room = fan_out_room();
         let mut backoff = LoopBackoff::default();
         let mut client: Option<Client> = None;
         while !*shutdown.borrow() {
@@ -90,7 +101,7 @@ impl Drain {
             };
             let result = match connected {
                 Ok(mut c) => {
-                    let r = self.drain_batch(&mut c).await;
+                    let r = self.drain_batch(&mut c, &room).await;
                     client = Some(c);
                     r
                 }
@@ -140,8 +151,13 @@ impl Drain {
         Ok(client)
     }
 
-    /// Drain one batch of the oldest unlocked rows.
-    pub async fn drain_batch(&self, client: &mut Client) -> Result<Drained, DrainError> {
+    /// Drain one batch of the oldest unlocked rows; their fan-out goes on behind,
+    /// within `room`.
+    pub async fn drain_batch(
+        &self,
+        client: &mut Client,
+        room: &Arc<Semaphore>,
+    ) -> Result<Drained, DrainError> {
         let tx = client.transaction().await?;
         let rows = tx
             .query(
@@ -202,7 +218,7 @@ impl Drain {
             tracing::warn!(row_id = %id, reason = reason.as_str(), "outbox row quarantined");
             self.services.metrics.producer_outbox_quarantined(*reason);
         }
-        self.fan_out(created).await;
+        self.fan_out(created, room).await;
         Ok(drained)
     }
 
@@ -268,16 +284,23 @@ impl Drain {
         Ok(created)
     }
 
-    /// Fan the new events out now (the embedded runtime); if this fails or the
-    /// process dies first, the store's own outbox poller does it.
-    async fn fan_out(&self, created: Vec<Event>) {
-        let Some(next) = &self.after_publish else {
+    /// Fan the new events out now, behind the drain (the embedded runtime); if this
+    /// fails or the process dies first, the store's own outbox poller does it.
+    async fn fan_out(&self, created: Vec<Event>, room: &Arc<Semaphore>) {
+        let Some(next) = self.after_publish.clone() else {
             return;
         };
-        stream::iter(created)
-            .for_each_concurrent(FAN_OUT_CONCURRENCY, |event| async move {
-                next.published(&event).await;
-            })
-            .await;
+        let Ok(permit) = room.clone().acquire_owned().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            stream::iter(created)
+                .for_each_concurrent(FAN_OUT_CONCURRENCY, |event| {
+                    let next = next.clone();
+                    async move { next.published(&event).await }
+                })
+                .await;
+            drop(permit);
+        });
     }
 }
