@@ -15,8 +15,9 @@ pub struct OutboxRow {
     pub id: String,
     pub tenant_id: String,
     pub event_type: String,
-    /// The JSON text (the column is `jsonb`, so it is valid JSON).
-    pub payload: String,
+    /// The JSON text (the column is `jsonb`, so it is valid JSON); `None` when it is
+    /// over [`MAX_PAYLOAD_BYTES`], which the reader does not fetch.
+    pub payload: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -64,14 +65,16 @@ pub fn event_of_row(row: &OutboxRow) -> Result<Event, QuarantineReason> {
     if is_operational(&row.event_type.to_ascii_lowercase()) {
         return Err(QuarantineReason::ReservedType);
     }
-    if row.payload.len() > MAX_PAYLOAD_BYTES {
-        return Err(QuarantineReason::TooLarge);
-    }
+    let payload = row
+        .payload
+        .as_ref()
+        .filter(|p| p.len() <= MAX_PAYLOAD_BYTES)
+        .ok_or(QuarantineReason::TooLarge)?;
     Ok(Event {
         id,
         tenant_id,
         event_type: row.event_type.clone(),
-        payload: row.payload.clone(),
+        payload: payload.clone(),
         // The producer's commit time, so publish → delivered counts the outbox wait.
         created_at: row.created_at,
     })
@@ -86,7 +89,7 @@ mod tests {
             id: "0b4e6f8a-1f3c-4c1e-9d7e-6a2b5c3d4e5f".into(),
             tenant_id: TenantId::generate().to_string(),
             event_type: "lead.created".into(),
-            payload: r#"{"lead":1}"#.into(),
+            payload: Some(r#"{"lead":1}"#.into()),
             created_at: Utc::now(),
         }
     }
@@ -96,7 +99,7 @@ mod tests {
         let r = row();
         let event = event_of_row(&r).unwrap();
         assert_eq!(event.id.as_str(), r.id);
-        assert_eq!(event.payload, r.payload);
+        assert_eq!(Some(event.payload), r.payload);
         assert_eq!(event.created_at, r.created_at);
     }
 
@@ -121,8 +124,9 @@ mod tests {
             QuarantineReason::ReservedType
         );
         assert_eq!(
-            bad(|r| r.payload = format!("\"{}\"", "x".repeat(MAX_PAYLOAD_BYTES))),
+            bad(|r| r.payload = Some(format!("\"{}\"", "x".repeat(MAX_PAYLOAD_BYTES)))),
             QuarantineReason::TooLarge
         );
+        assert_eq!(bad(|r| r.payload = None), QuarantineReason::TooLarge);
     }
 }

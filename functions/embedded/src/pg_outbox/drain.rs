@@ -8,14 +8,18 @@
 //! drained again: publishing is idempotent by event id, so a row never becomes two
 //! events. A drain wakes on the insert trigger's `NOTIFY` and polls every
 //! [`FALLBACK_POLL`] in case a notification was missed (a reconnect, a restart).
+//!
+//! A tenant whose backlog is at `max_backlog` gets what the API's 429 gives a
+//! publisher: its rows wait in the producer's outbox (skipped by later batches, so
+//! they hold up no other tenant) until its backlog is below the limit again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use entrega_core::conditions::{Component, Conditions};
-use entrega_core::event::Event;
+use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{Published, Services, StoreError};
 use entrega_core::producer_outbox::{event_of_row, OutboxRow, QuarantineReason};
@@ -77,6 +81,17 @@ fn fan_out_room() -> Arc<Semaphore> {
 pub struct Drained {
     pub events: usize,
     pub quarantined: usize,
+    /// Rows left in the outbox because their tenant's backlog is full.
+    pub held: usize,
+}
+
+/// What the rows of a batch are to become.
+#[derive(Default)]
+struct Screened {
+    events: Vec<Event>,
+    bad: Vec<(String, QuarantineReason)>,
+    /// Rows of tenants whose backlog is full: left where they are.
+    held: HashSet<String>,
 }
 
 impl Drained {
@@ -92,6 +107,7 @@ impl Drain {
         let name = super::describe(&self.config);
         let wake = Arc::new(Notify::new());
         let room = fan_out_room();
+        let mut full = HashSet::new();
         let mut backoff = LoopBackoff::default();
         let mut client: Option<Client> = None;
         while !*shutdown.borrow() {
@@ -101,7 +117,7 @@ impl Drain {
             };
             let result = match connected {
                 Ok(mut c) => {
-                    let r = self.drain_batch(&mut c, &room).await;
+                    let r = self.drain_batch(&mut c, &room, &mut full).await;
                     client = Some(c);
                     r
                 }
@@ -111,7 +127,7 @@ impl Drain {
                 Ok(drained) => {
                     self.conditions.recovered(Component::ProducerOutbox);
                     backoff.reset();
-                    if drained.rows() < DRAIN_BATCH as usize {
+                    if drained.rows() + drained.held < DRAIN_BATCH as usize {
                         tokio::select! {
                             _ = wake.notified() => {}
                             _ = tokio::time::sleep(FALLBACK_POLL) => {}
@@ -151,23 +167,36 @@ impl Drain {
         Ok(client)
     }
 
-    /// Drain one batch of the oldest unlocked rows; their fan-out goes on behind,
-    /// within `room`.
+    /// Drain one batch of the oldest unlocked rows of tenants not in `full` (whose
+    /// backlog was full; updated here); their fan-out goes on behind, within `room`.
     pub async fn drain_batch(
         &self,
         client: &mut Client,
         room: &Arc<Semaphore>,
+        full: &mut HashSet<TenantId>,
     ) -> Result<Drained, DrainError> {
+        let mut still_full = HashSet::new();
+        for tenant in full.drain() {
+            if self.backlog_full(&tenant).await? {
+                still_full.insert(tenant);
+            }
+        }
+        *full = still_full;
+        let skipped: Vec<String> = full.iter().map(TenantId::to_string).collect();
         let tx = client.transaction().await?;
+        // An oversized payload is not fetched (it would only be quarantined), so a
+        // batch holds at most DRAIN_BATCH payloads of MAX_PAYLOAD_BYTES.
         let rows = tx
             .query(
-                "SELECT id, tenant_id, type, payload::text,
+                "SELECT id, tenant_id, type,
+                        CASE WHEN octet_length(payload::text) <= $3 THEN payload::text END,
                         (extract(epoch FROM created_at) * 1000000)::bigint
                    FROM entrega_outbox
+                  WHERE NOT (tenant_id = ANY($2))
                   ORDER BY created_at, id
                   LIMIT $1
                     FOR UPDATE SKIP LOCKED",
-                &[&DRAIN_BATCH],
+                &[&DRAIN_BATCH, &skipped, &(MAX_PAYLOAD_BYTES as i32)],
             )
             .await?;
         if rows.is_empty() {
@@ -186,10 +215,18 @@ impl Drain {
                     .unwrap_or_else(Utc::now),
             })
             .collect();
-        let (events, mut bad) = self.screen(&rows).await?;
+        let Screened {
+            events,
+            mut bad,
+            held,
+        } = self.screen(&rows, full).await?;
         let created = self.publish_all(&events, &mut bad).await?;
 
-        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let ids: Vec<&str> = rows
+            .iter()
+            .map(|r| r.id.as_str())
+            .filter(|id| !held.contains(*id))
+            .collect();
         if !bad.is_empty() {
             let (bad_ids, reasons): (Vec<&str>, Vec<&str>) =
                 bad.iter().map(|(id, r)| (id.as_str(), r.as_str())).unzip();
@@ -208,8 +245,9 @@ impl Drain {
         tx.commit().await?;
 
         let drained = Drained {
-            events: rows.len() - bad.len(),
+            events: ids.len() - bad.len(),
             quarantined: bad.len(),
+            held: held.len(),
         };
         self.services
             .metrics
@@ -222,41 +260,63 @@ impl Drain {
         Ok(drained)
     }
 
-    /// Rows that can become events, and the others with why not.
+    /// Whether `tenant` has as many deliveries waiting as it may.
+    async fn backlog_full(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        let waiting = self.services.backlog.tenant_backlog(tenant).await?;
+        Ok(waiting >= self.services.settings.max_backlog)
+    }
+
+    /// Rows that can become events, the others with why not, and those to leave
+    /// because their tenant's backlog is full (added to `full`).
     async fn screen(
         &self,
         rows: &[OutboxRow],
-    ) -> Result<(Vec<Event>, Vec<(String, QuarantineReason)>), StoreError> {
-        let mut tenants: HashMap<TenantId, bool> = HashMap::new();
-        let (mut events, mut bad) = (Vec::new(), Vec::new());
+        full: &mut HashSet<TenantId>,
+    ) -> Result<Screened, StoreError> {
+        /// What a tenant is to this batch.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Owner {
+            Unknown,
+            Full,
+            Open,
+        }
+        let mut owners: HashMap<TenantId, Owner> = HashMap::new();
+        let mut screened = Screened::default();
         for row in rows {
             let event = match event_of_row(row) {
                 Ok(event) => event,
                 Err(reason) => {
-                    bad.push((row.id.clone(), reason));
+                    screened.bad.push((row.id.clone(), reason));
                     continue;
                 }
             };
-            let known = match tenants.get(&event.tenant_id) {
-                Some(known) => *known,
+            let owner = match owners.get(&event.tenant_id) {
+                Some(owner) => *owner,
                 None => {
-                    let known = self
-                        .services
-                        .store
-                        .get_tenant(&event.tenant_id)
-                        .await?
-                        .is_some();
-                    tenants.insert(event.tenant_id.clone(), known);
-                    known
+                    let store = &self.services.store;
+                    let owner = if store.get_tenant(&event.tenant_id).await?.is_none() {
+                        Owner::Unknown
+                    } else if self.backlog_full(&event.tenant_id).await? {
+                        full.insert(event.tenant_id.clone());
+                        Owner::Full
+                    } else {
+                        Owner::Open
+                    };
+                    owners.insert(event.tenant_id.clone(), owner);
+                    owner
                 }
             };
-            if known {
-                events.push(event);
-            } else {
-                bad.push((row.id.clone(), QuarantineReason::UnknownTenant));
+            match owner {
+                Owner::Open => screened.events.push(event),
+                Owner::Full => {
+                    screened.held.insert(row.id.clone());
+                }
+                Owner::Unknown => screened
+                    .bad
+                    .push((row.id.clone(), QuarantineReason::UnknownTenant)),
             }
         }
-        Ok((events, bad))
+        Ok(screened)
     }
 
     /// Commit every event into the store, all at once so the store can group them

@@ -100,6 +100,16 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
     // A row no tenant owns, ahead of the good ones: quarantined, not in their way.
     let stranger = entrega_core::ids::TenantId::generate().to_string();
     let bad = create_lead(&mut db, &stranger, "Nobody", true).await;
+    let huge: String = db
+        .query_one(
+            "INSERT INTO entrega_outbox (tenant_id, type, payload)
+             VALUES ($1, 'lead.created', jsonb_build_object('pad', repeat('x', 300000)))
+             RETURNING id",
+            &[&tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let rolled_back = create_lead(&mut db, &tenant, "Never", false).await;
     let committed_at = Instant::now();
     let committed = create_lead(&mut db, &tenant, "Ada", true).await;
@@ -139,6 +149,18 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
         .await
         .unwrap();
     assert_eq!(quarantined.get::<_, String>(0), "unknown_tenant");
+    let oversized = db
+        .query_one(
+            "SELECT reason, octet_length(payload::text) FROM entrega_outbox_quarantine WHERE id = $1",
+            &[&huge],
+        )
+        .await
+        .unwrap();
+    assert_eq!(oversized.get::<_, String>(0), "too_large");
+    assert!(
+        oversized.get::<_, i32>(1) > 300_000,
+        "kept whole in quarantine"
+    );
     assert_eq!(
         outbox_rows(&db).await,
         0,
@@ -146,7 +168,9 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
     );
     let (_, metrics) = server.metrics(ADMIN_KEY).await;
     assert!(
-        metrics.contains(r#"entrega_producer_outbox_quarantined_total{reason="unknown_tenant"} 1"#),
+        metrics.contains(r#"entrega_producer_outbox_quarantined_total{reason="unknown_tenant"} 1"#)
+            && metrics
+                .contains(r#"entrega_producer_outbox_quarantined_total{reason="too_large"} 1"#),
         "{metrics}"
     );
     assert!(
@@ -245,4 +269,52 @@ async fn kill_9_mid_drain_loses_nothing() {
     let _server = Server::start_loopback(&dir, &["--outbox", &url]);
     all_delivered(&receiver, &ids, Duration::from_secs(120)).await;
     assert_eq!(outbox_rows(&db).await, 0);
+}
+
+/// A tenant at its backlog limit gets back-pressure, not loss: its rows wait in the
+/// producer's outbox, and another tenant's rows behind them are drained and delivered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_backlog_leaves_rows_waiting_without_holding_up_other_tenants() {
+    const BACKLOG: i64 = 20;
+    let (pg, mut db) = producer_database().await;
+    let dir = TempDir::new("pg-backpressure");
+    let server = Server::start_loopback(
+        &dir,
+        &[
+            "--outbox",
+            &pg.url_as(DRAIN_ROLE),
+            "--max-backlog",
+            &BACKLOG.to_string(),
+        ],
+    );
+    let (busy_tenant, busy) = server.admin().tenant("Busy").await;
+    let down = Receiver::answering(503).await;
+    busy.endpoint(json!({"url": down.url("/hooks")})).await;
+    let (calm_tenant, calm) = server.admin().tenant("Calm").await;
+    let up = Receiver::answering(200).await;
+    calm.endpoint(json!({"url": up.url("/hooks")})).await;
+
+    for i in 0..BACKLOG * 3 {
+        create_lead(&mut db, &busy_tenant, &format!("busy {i}"), true).await;
+    }
+    let calm_id = create_lead(&mut db, &calm_tenant, "calm", true).await;
+    all_delivered(&up, &[calm_id], Duration::from_secs(20)).await;
+    let waiting: i64 = db
+        .query_one(
+            "SELECT count(*) FROM entrega_outbox WHERE tenant_id = $1",
+            &[&busy_tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        waiting >= BACKLOG,
+        "the busy tenant's rows wait at the source ({waiting} left)"
+    );
+    let quarantined: i64 = db
+        .query_one("SELECT count(*) FROM entrega_outbox_quarantine", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(quarantined, 0, "held back, not thrown away");
 }
