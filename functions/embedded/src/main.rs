@@ -2,12 +2,11 @@
 //! `provision` and `admin-key` are the operator's set-up commands.
 
 use std::io::IsTerminal;
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 #[cfg(feature = "aws")]
 use entrega_aws::provision::provision;
 #[cfg(feature = "aws")]
@@ -20,8 +19,10 @@ use entrega_embedded::notifier::{AlertWebhook, SmtpRelay};
 use entrega_embedded::serve::{mint_admin_key, serve, Backend, BoxError, ServeConfig};
 use entrega_embedded::sqlite::{SqliteDb, SqliteStore};
 use entrega_http::transport::TargetPolicy;
-use ipnet::IpNet;
 use tracing_subscriber::EnvFilter;
+
+mod args;
+use args::*;
 
 #[derive(Parser)]
 #[command(name = "entrega", version, about = "Reliable webhook delivery")]
@@ -109,158 +110,6 @@ enum OutboxCommand {
         #[arg(long)]
         grant_to: Option<String>,
     },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendKind {
-    Sqlite,
-    Aws,
-}
-
-#[derive(clap::Args)]
-struct StorageArgs {
-    /// Where the data lives.
-    #[arg(long, env = "ENTREGA_BACKEND", value_enum, default_value = "sqlite")]
-    backend: BackendKind,
-    /// The SQLite database file (`serve` creates it if missing; `admin-key` needs it).
-    #[arg(long, env = "ENTREGA_DB", default_value = "./entrega.db")]
-    db: PathBuf,
-    /// How SQLite commits are made durable: `full` (each commit on disk before it is
-    /// confirmed; an accepted event survives a power loss) or `normal` (survives a
-    /// crash of the process, not of the machine; faster on slow disks).
-    #[arg(long, env = "ENTREGA_DURABILITY", value_enum, default_value = "full")]
-    durability: entrega_embedded::sqlite::Durability,
-    /// Name prefix of the AWS resources (a deployed stack's name).
-    #[arg(long, env = "ENTREGA_AWS_PREFIX", default_value = "entrega")]
-    aws_prefix: String,
-}
-
-impl StorageArgs {
-    fn backend(&self) -> Backend {
-        match self.backend {
-            BackendKind::Sqlite => Backend::Sqlite {
-                db: self.db.clone(),
-                durability: self.durability,
-            },
-            BackendKind::Aws => Backend::Aws {
-                prefix: self.aws_prefix.clone(),
-            },
-        }
-    }
-}
-
-#[derive(clap::Args)]
-struct ServeArgs {
-    #[command(flatten)]
-    storage: StorageArgs,
-    /// Address the API listens on.
-    #[arg(long, env = "ENTREGA_LISTEN", default_value = "127.0.0.1:8787")]
-    listen: SocketAddr,
-    /// Let deliveries reach this otherwise forbidden range (CIDR or single address),
-    /// e.g. 127.0.0.0/8 for receivers on this machine. Repeatable.
-    #[arg(long = "allow-target", env = "ENTREGA_ALLOW_TARGETS", value_delimiter = ',', value_parser = parse_range)]
-    allow_targets: Vec<IpNet>,
-    /// Permit http:// targets (otherwise https only).
-    #[arg(long, env = "ENTREGA_ALLOW_HTTP", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0, default_missing_value = "true")]
-    allow_http: bool,
-    /// The admin API key; when unset, one is generated at first start and printed once.
-    #[arg(long, env = "ENTREGA_ADMIN_KEY", hide_env_values = true)]
-    admin_key: Option<String>,
-    /// Failures per tenant per hour above which an alert is raised.
-    #[arg(long, env = "ENTREGA_ALERT_THRESHOLD", default_value_t = entrega_core::handlers::failures::DEFAULT_ALERT_THRESHOLD)]
-    alert_threshold: u64,
-    /// Where on-call alerts are POSTed (signed JSON); unset: they are logged.
-    #[arg(long, env = "ENTREGA_ALERT_WEBHOOK", requires = "alert_webhook_secret")]
-    alert_webhook: Option<String>,
-    /// The `whsec_…` secret alert webhooks are signed with.
-    #[arg(long, env = "ENTREGA_ALERT_WEBHOOK_SECRET", hide_env_values = true)]
-    alert_webhook_secret: Option<entrega_core::signature::Secret>,
-    /// SMTP server for owner notices, e.g. `smtp://user:pass@mail.example.com:587?tls=required`;
-    /// unset: owner notices are logged.
-    #[arg(
-        long,
-        env = "ENTREGA_SMTP_URL",
-        hide_env_values = true,
-        requires = "smtp_from"
-    )]
-    smtp_url: Option<String>,
-    /// The sender of owner notices, e.g. `Entrega <notices@example.com>`.
-    #[arg(long, env = "ENTREGA_SMTP_FROM")]
-    smtp_from: Option<lettre::message::Mailbox>,
-    /// Days of failing every attempt after which an endpoint is disabled.
-    #[arg(long, env = "ENTREGA_UNHEALTHY_AFTER_DAYS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
-    unhealthy_after_days: u64,
-    /// API requests per second per key (token bucket; the burst is twice this).
-    #[arg(long, env = "ENTREGA_API_RATE_LIMIT", default_value_t = entrega_http::api::rate_limit::DEFAULT_RATE_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..))]
-    api_rate_limit: u32,
-    /// Waiting deliveries per tenant past which `POST /v1/events` answers 429 with
-    /// `Retry-After` (backpressure before the disk fills), e.g. 100000.
-    #[arg(long, env = "ENTREGA_MAX_BACKLOG", default_value_t = entrega_core::ports::DEFAULT_MAX_BACKLOG, value_parser = clap::value_parser!(u64).range(1..))]
-    max_backlog: u64,
-    /// Largest the SQLite file may grow, in MiB; past it writes fail cleanly (the API
-    /// answers 503 with `Retry-After`, `/healthz` says degraded) before the disk fills.
-    /// Unset: the disk is the limit. Example: 2048.
-    #[arg(long, env = "ENTREGA_MAX_DB_SIZE_MB", value_parser = clap::value_parser!(u64).range(1..))]
-    max_db_size_mb: Option<u64>,
-    /// A bearer token that may read `/metrics` besides the admin key.
-    #[arg(long, env = "ENTREGA_METRICS_TOKEN", hide_env_values = true)]
-    metrics_token: Option<String>,
-    /// API connections served at once; at the cap the longest-idle one is closed for a
-    /// new one. Example: 4096.
-    #[arg(long, env = "ENTREGA_MAX_CONNECTIONS", default_value_t = entrega_embedded::http_server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
-    max_connections: u64,
-    /// Drain a producer's transactional outbox in its own PostgreSQL, e.g.
-    /// `postgres://entrega@db.internal/crm` (see `entrega outbox init`). Repeatable;
-    /// the same URL twice runs two drains of one table.
-    #[arg(long = "outbox", env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_delimiter = ' ', value_parser = parse_postgres_url)]
-    outboxes: Vec<tokio_postgres::Config>,
-    /// Log format.
-    #[arg(long, env = "ENTREGA_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-/// A PostgreSQL URL, named in the error without echoing it (it may hold a password).
-fn parse_postgres_url(s: &str) -> Result<tokio_postgres::Config, String> {
-    s.parse()
-        .map_err(|e| format!("not a PostgreSQL URL (postgres://user@host:port/database): {e}"))
-}
-
-fn parse_postgres_url_boxed(s: &str) -> Result<Box<tokio_postgres::Config>, String> {
-    parse_postgres_url(s).map(Box::new)
-}
-
-#[derive(clap::Args)]
-struct ListenArgs {
-    /// Port to receive on, on 127.0.0.1 (0: any free port), e.g. 9000.
-    #[arg(long, default_value_t = 9000)]
-    port: u16,
-    /// The endpoint's `whsec_…` secret (shown when the endpoint is created): each
-    /// webhook's signature is verified with it.
-    #[arg(long, env = "ENTREGA_LISTEN_SECRET", hide_env_values = true)]
-    secret: Option<entrega_core::signature::Secret>,
-    /// The HTTP status to answer with, 100 to 599; e.g. 500 to rehearse a failure.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u16).range(100..=599))]
-    status: u16,
-    /// Wait this long before answering, e.g. 250ms, 12s or 2m (past the endpoint's
-    /// timeout, the attempt times out).
-    #[arg(long, default_value = "0s", value_parser = entrega_embedded::listen::parse_delay)]
-    delay: std::time::Duration,
-    /// Stop after this many webhooks (for scripts); unset: until Ctrl-C.
-    #[arg(long)]
-    count: Option<u64>,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn parse_range(s: &str) -> Result<IpNet, String> {
-    let s = s.trim();
-    s.parse::<IpNet>()
-        .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("`{s}` is not a CIDR range or an IP address"))
 }
 
 fn init_logs(format: LogFormat) {
