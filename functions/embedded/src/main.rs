@@ -163,7 +163,11 @@ async fn run(command: Command) -> Result<(), BoxError> {
         Command::Outbox {
             command: OutboxCommand::Init { postgres, grant_to },
         } => {
-            let (mut client, connection) = postgres.connect(tokio_postgres::NoTls).await?;
+            let tls = entrega_embedded::pg_outbox::tls::connector();
+            let (mut client, connection) = postgres
+                .connect(tls)
+                .await
+                .map_err(|e| entrega_embedded::pg_outbox::error_text(&e))?;
             tokio::spawn(connection);
             entrega_embedded::pg_outbox::schema::init(&mut client, grant_to.as_deref())
                 .await

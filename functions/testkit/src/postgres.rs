@@ -18,6 +18,9 @@ pub struct PgCluster {
     bin: PathBuf,
     dir: TempDir,
     pub port: u16,
+    /// With TLS: the certificate of the CA that signed the server's (a client trusts it
+    /// through `SSL_CERT_FILE`).
+    pub certificate: Option<PathBuf>,
 }
 
 /// Where `initdb` and `pg_ctl` are: `ENTREGA_PG_BIN`, else the newest
@@ -63,6 +66,15 @@ fn server_user() -> &'static str {
 impl PgCluster {
     /// Create and start a cluster; panics, saying what is missing, if it cannot.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// The same, serving TLS with a fresh self-signed certificate for `127.0.0.1`.
+    pub fn start_with_tls() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Self {
         let bin = bin_dir();
         let dir = TempDir::new("pg");
         let port = crate::free_loopback_port();
@@ -78,7 +90,12 @@ impl PgCluster {
                 "the server's directory is handed to its user"
             );
         }
-        let cluster = Self { bin, dir, port };
+        let mut cluster = Self {
+            bin,
+            dir,
+            port,
+            certificate: None,
+        };
         let data = cluster.dir.0.join("data");
         cluster.run(
             "initdb",
@@ -93,10 +110,19 @@ impl PgCluster {
                 "--no-sync".as_ref(),
             ],
         );
-        let options = format!(
+        let mut options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=50",
             cluster.dir.0.display()
         );
+        if tls {
+            let (ca, cert, key) = cluster.self_signed(&data);
+            options += &format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            );
+            cluster.certificate = Some(ca);
+        }
         let log = cluster.dir.0.join("postgres.log");
         cluster.run(
             "pg_ctl",
@@ -112,6 +138,86 @@ impl PgCluster {
             ],
         );
         cluster
+    }
+
+    /// A throw-away CA (its certificate is returned, for a client to trust) and a
+    /// server certificate for `127.0.0.1` it signed, in the data directory; the key is
+    /// readable by the server's user alone (PostgreSQL refuses it otherwise). A
+    /// verifying client refuses a self-signed server certificate used as its own root.
+    fn self_signed(&self, data: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let file = |name: &str| self.dir.0.join(name).to_str().unwrap().to_owned();
+        let (ca, ca_key, csr, ext) = (file("ca.crt"), file("ca.key"), file("s.csr"), file("s.ext"));
+        let cert = data.join("server.crt").to_str().unwrap().to_owned();
+        let key = data.join("server.key").to_str().unwrap().to_owned();
+        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").unwrap();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=Entrega test CA",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &cert,
+        ]);
+        if is_root() {
+            for f in [&cert, &key] {
+                let status = Command::new("chown")
+                    .arg(server_user())
+                    .arg(f)
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            }
+        }
+        let status = Command::new("chmod").arg("600").arg(&key).status().unwrap();
+        assert!(status.success());
+        (ca.into(), cert.into(), key.into())
     }
 
     /// `postgres://user@127.0.0.1:port/postgres`.

@@ -28,7 +28,8 @@ use entrega_runtime::{pause, LoopBackoff};
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt};
 use tokio::sync::{watch, Notify, Semaphore};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema::{self, CHANNEL};
 
@@ -105,6 +106,7 @@ impl Drain {
     /// `/healthz` and retried with backoff; nothing is lost meanwhile (the rows wait).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let name = super::describe(&self.config);
+        let tls = super::tls::connector();
         let wake = Arc::new(Notify::new());
         let room = fan_out_room();
         let mut full = HashSet::new();
@@ -113,7 +115,7 @@ impl Drain {
         while !*shutdown.borrow() {
             let connected = match client.take() {
                 Some(c) if !c.is_closed() => Ok(c),
-                _ => self.connect(wake.clone()).await,
+                _ => self.connect(&tls, wake.clone()).await,
             };
             let result = match connected {
                 Ok(mut c) => {
@@ -149,11 +151,15 @@ impl Drain {
 
     /// Connect, check the table's contract, and listen: the connection's task turns
     /// each notification into a wake-up.
-    async fn connect(&self, wake: Arc<Notify>) -> Result<Client, DrainError> {
+    async fn connect(
+        &self,
+        tls: &MakeRustlsConnect,
+        wake: Arc<Notify>,
+    ) -> Result<Client, DrainError> {
         let mut config = self.config.clone();
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("entrega-outbox-drain");
-        let (client, mut connection) = config.connect(NoTls).await?;
+        let (client, mut connection) = config.connect(tls.clone()).await?;
         tokio::spawn(async move {
             let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {

@@ -9,6 +9,7 @@
 
 pub mod drain;
 pub mod schema;
+pub mod tls;
 
 pub use drain::{Drain, DrainError};
 
@@ -29,13 +30,19 @@ pub fn describe(config: &tokio_postgres::Config) -> String {
     format!("postgres {host}:{port}/{db}")
 }
 
-/// A PostgreSQL error with the server's message (the client's own `Display` says only
-/// "db error").
+/// A PostgreSQL error with the server's message and its causes (the client's own
+/// `Display` says only "db error" or "error performing TLS handshake").
 pub fn error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
     }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -26,6 +26,13 @@ async fn connect(url: &str) -> Client {
 /// (run twice: it is idempotent), and a least-privilege role for the drain.
 async fn producer_database() -> (PgCluster, Client) {
     let pg = PgCluster::start();
+    let admin = outbox_ready(&pg, &[]).await;
+    (pg, admin)
+}
+
+/// The producer's table, the outbox and the drain's role on `pg`; `env` for `entrega
+/// outbox init` (a trusted certificate).
+async fn outbox_ready(pg: &PgCluster, env: &[(&str, &str)]) -> Client {
     let admin = connect(&pg.url()).await;
     admin
         .batch_execute(&format!(
@@ -36,14 +43,9 @@ async fn producer_database() -> (PgCluster, Client) {
         .unwrap();
     for _ in 0..2 {
         let out = Command::new(entrega_bin())
-            .args([
-                "outbox",
-                "init",
-                "--postgres",
-                &pg.url(),
-                "--grant-to",
-                DRAIN_ROLE,
-            ])
+            .args(["outbox", "init", "--postgres", &pg.url()])
+            .args(["--grant-to", DRAIN_ROLE])
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         assert!(
@@ -52,7 +54,7 @@ async fn producer_database() -> (PgCluster, Client) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    (pg, admin)
+    admin
 }
 
 /// The producer's transaction: a lead and its event, committed or rolled back together.
@@ -111,16 +113,35 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
         .unwrap()
         .get(0);
     let rolled_back = create_lead(&mut db, &tenant, "Never", false).await;
+    // An id the API already published with other content.
+    let reused = acme
+        .post(
+            "/v1/events",
+            json!({"type": "lead.created", "data": {"name": "API"}, "id": "lead-7"}),
+        )
+        .await;
+    assert_eq!(reused.0, 202, "{}", reused.1);
+    db.execute(
+        "INSERT INTO entrega_outbox (id, tenant_id, type, payload)
+         VALUES ('lead-7', $1, 'lead.created', '{\"name\": \"outbox\"}')",
+        &[&tenant],
+    )
+    .await
+    .unwrap();
     let committed_at = Instant::now();
     let committed = create_lead(&mut db, &tenant, "Ada", true).await;
 
-    eventually(
+    let got = &eventually(
         Duration::from_secs(10),
         "the committed lead's webhook",
-        || async { (receiver.count() == 1).then_some(()) },
+        || async {
+            receiver
+                .got()
+                .into_iter()
+                .find(|r| r.header("webhook-id") == committed)
+        },
     )
     .await;
-    let got = &receiver.got()[0];
     println!(
         "PostgreSQL outbox: commit -> delivered in {:?} (LISTEN/NOTIFY wake-up)",
         got.at - committed_at
@@ -157,6 +178,18 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
         .await
         .unwrap();
     assert_eq!(oversized.get::<_, String>(0), "too_large");
+    let reused_reason: String = db
+        .query_one(
+            "SELECT reason FROM entrega_outbox_quarantine WHERE id = 'lead-7'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reused_reason, "id_reused",
+        "the API's event is kept, not replaced"
+    );
     assert!(
         oversized.get::<_, i32>(1) > 300_000,
         "kept whole in quarantine"
@@ -177,9 +210,25 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
         metrics.contains("entrega_producer_outbox_events_total 1"),
         "{metrics}"
     );
-    // Let the rest of the run show nothing more arrives (the rolled-back row).
+    // Nothing more arrives: not the rolled-back row, not the reused id a second time.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(receiver.count(), 1);
+    let ids: Vec<String> = receiver
+        .got()
+        .iter()
+        .map(|r| r.header("webhook-id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&committed) && ids.contains(&"lead-7".to_owned()));
+    let api_body: serde_json::Value = serde_json::from_str(
+        &receiver
+            .got()
+            .into_iter()
+            .find(|r| r.header("webhook-id") == "lead-7")
+            .unwrap()
+            .body,
+    )
+    .unwrap();
+    assert_eq!(api_body["data"], json!({"name": "API"}));
 }
 
 /// Two drains of one table while producers commit from eight connections: each row
@@ -317,4 +366,64 @@ async fn a_full_backlog_leaves_rows_waiting_without_holding_up_other_tenants() {
         .unwrap()
         .get(0);
     assert_eq!(quarantined, 0, "held back, not thrown away");
+}
+
+/// TLS: the drain verifies the server's certificate. Untrusted, nothing is drained,
+/// `/healthz` says why, and the rows wait; trusted (`SSL_CERT_FILE`), they are
+/// delivered over `sslmode=require`.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_to_the_outbox_is_verified() {
+    let pg = PgCluster::start_with_tls();
+    let cert = pg.certificate.clone().unwrap();
+    let trusted = [("SSL_CERT_FILE", cert.to_str().unwrap())];
+    let mut db = outbox_ready(&pg, &trusted).await;
+    let url = format!("{}?sslmode=require", pg.url_as(DRAIN_ROLE));
+    let dir = TempDir::new("pg-tls");
+
+    let mut untrusting = Server::start_loopback(&dir, &["--outbox", &url]);
+    let (tenant, acme) = untrusting.admin().tenant("Acme CRM").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/hooks")})).await;
+    let id = create_lead(&mut db, &tenant, "Ada", true).await;
+    let health = eventually(Duration::from_secs(10), "a degraded /healthz", || async {
+        let resp = reqwest::get(format!("{}/healthz", untrusting.base))
+            .await
+            .unwrap();
+        (resp.status() == 503).then_some(resp.text().await.unwrap())
+    })
+    .await;
+    assert!(health.contains("certificate"), "{health}");
+    assert_eq!(outbox_rows(&db).await, 1, "the row waits");
+    untrusting.stop();
+
+    let flags = [&LOOPBACK[..], &["--outbox", &url]].concat();
+    let _trusting = Server::start_env(&dir, &flags, &trusted);
+    all_delivered(&receiver, &[id], Duration::from_secs(20)).await;
+    assert_eq!(outbox_rows(&db).await, 0);
+}
+
+/// A database that is not there is a condition, not a crash: `/healthz` names it (never
+/// its password), the API keeps working, and the drain retries with backoff.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_outbox_is_reported_not_fatal() {
+    let port = free_port();
+    let url = format!("postgres://{DRAIN_ROLE}:hunter2@127.0.0.1:{port}/crm");
+    let dir = TempDir::new("pg-down");
+    let server = Server::start_loopback(&dir, &["--outbox", &url]);
+    let health = eventually(Duration::from_secs(10), "a degraded /healthz", || async {
+        let resp = reqwest::get(format!("{}/healthz", server.base))
+            .await
+            .unwrap();
+        (resp.status() == 503).then_some(resp.text().await.unwrap())
+    })
+    .await;
+    assert!(
+        health.contains(&format!("postgres 127.0.0.1:{port}/crm")),
+        "{health}"
+    );
+    assert!(!health.contains("hunter2"), "{health}");
+    let (status, _) = server.admin().get("/v1/tenants").await;
+    assert_eq!(status, 200, "the API works meanwhile");
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(!log.contains("hunter2"), "no password in the log");
 }
