@@ -150,9 +150,8 @@ pub async fn event_ids_are_scoped_to_their_tenant(store: &dyn Store) {
         .is_none());
 }
 
-/// A delivery is created once (and says so), and a save that loses to a newer version
-/// still records its attempt without touching the delivery.
-pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) {
+/// A tenant, an endpoint of it and a delivery to it, not yet stored.
+async fn fresh_delivery(store: &dyn Store) -> (TenantId, Endpoint, Delivery) {
     let t = tenant(store).await;
     let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
     let event = Event {
@@ -163,19 +162,19 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         created_at: Utc::now(),
     };
     let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-    let fresh = Delivery::new(id.clone(), &event, endpoint.id.clone(), false, Utc::now());
-    let (_, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
-    assert!(created);
-    let (stored, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
-    assert!(!created);
-    assert_eq!(stored.id, id);
-    let attempt = Attempt {
+    let fresh = Delivery::new(id, &event, endpoint.id.clone(), false, Utc::now());
+    (t, endpoint, fresh)
+}
+
+/// Attempt `number` of `delivery` (generation 0), answered 200.
+fn attempt(delivery: &Delivery, endpoint: &Endpoint, number: u32) -> Attempt {
+    Attempt {
         id: AttemptId::generate(),
-        delivery_id: id.clone(),
-        tenant_id: t.clone(),
+        delivery_id: delivery.id.clone(),
+        tenant_id: delivery.tenant_id.clone(),
         endpoint_id: endpoint.id.clone(),
         generation: 0,
-        number: 1,
+        number,
         started_at: Utc::now(),
         duration_ms: 5,
         status_code: Some(200),
@@ -184,7 +183,20 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         response_excerpt: None,
         trigger: Trigger::Scheduled,
         requested_by: None,
-    };
+    }
+}
+
+/// A delivery is created once (and says so), and a save that loses to a newer version
+/// still records its attempt without touching the delivery.
+pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) {
+    let (t, endpoint, fresh) = fresh_delivery(store).await;
+    let id = fresh.id.clone();
+    let (_, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
+    assert!(created);
+    let (stored, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
+    assert!(!created);
+    assert_eq!(stored.id, id);
+    let attempt = attempt(&fresh, &endpoint, 1);
     let mut stale = stored.clone();
     stale.version += 1;
     stale.attempt_count = 1;
@@ -198,10 +210,13 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         unchanged.version, stored.version,
         "the delivery is untouched"
     );
-    let of_event = store.deliveries_of_event(&t, &event.id).await.unwrap();
+    let of_event = store
+        .deliveries_of_event(&t, &fresh.event_id)
+        .await
+        .unwrap();
     assert_eq!(of_event.len(), 1);
     assert!(store
-        .deliveries_of_event(&TenantId::generate(), &event.id)
+        .deliveries_of_event(&TenantId::generate(), &fresh.event_id)
         .await
         .unwrap()
         .is_empty());
@@ -503,17 +518,8 @@ const RACERS: usize = 8;
 pub async fn racing_writers_of_one_record_have_one_winner(store: &dyn Store) {
     use futures_util::future::join_all;
 
-    let t = tenant(store).await;
-    let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
-    let event = Event {
-        id: EventId::generate(),
-        tenant_id: t.clone(),
-        event_type: "a.b".into(),
-        payload: "{}".into(),
-        created_at: Utc::now(),
-    };
-    let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-    let fresh = Delivery::new(id.clone(), &event, endpoint.id.clone(), false, Utc::now());
+    let (_, endpoint, fresh) = fresh_delivery(store).await;
+    let id = fresh.id.clone();
     let created = join_all((0..RACERS).map(|_| store.create_delivery_if_absent(&fresh))).await;
     let created: Vec<bool> = created.into_iter().map(|r| r.unwrap().1).collect();
     assert_eq!(
@@ -540,27 +546,11 @@ pub async fn racing_writers_of_one_record_have_one_winner(store: &dyn Store) {
     );
 
     let read = store.get_delivery(&id).await.unwrap().unwrap();
-    let attempt_of = |i: usize| Attempt {
-        id: AttemptId::generate(),
-        delivery_id: id.clone(),
-        tenant_id: t.clone(),
-        endpoint_id: endpoint.id.clone(),
-        generation: 0,
-        number: i as u32 + 1,
-        started_at: Utc::now(),
-        duration_ms: 5,
-        status_code: Some(500),
-        failure_kind: None,
-        error: None,
-        response_excerpt: None,
-        trigger: Trigger::Scheduled,
-        requested_by: None,
-    };
     let racers: Vec<(Delivery, Attempt)> = (0..RACERS)
         .map(|i| {
             let mut mine = read.clone();
             mine.attempt_count = i as u32 + 1;
-            (mine, attempt_of(i))
+            (mine, attempt(&fresh, &endpoint, i as u32 + 1))
         })
         .collect();
     let saves = join_all(

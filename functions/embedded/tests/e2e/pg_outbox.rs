@@ -162,37 +162,28 @@ async fn a_committed_row_is_delivered_signed_a_rolled_back_one_never_and_a_bad_o
 
     let (status, _) = acme.get(&format!("/v1/events/{rolled_back}")).await;
     assert_eq!(status, 404, "a rolled-back transaction is no event");
-    let quarantined = db
-        .query_one(
-            "SELECT reason FROM entrega_outbox_quarantine WHERE id = $1",
-            &[&bad],
-        )
-        .await
-        .unwrap();
-    assert_eq!(quarantined.get::<_, String>(0), "unknown_tenant");
-    let oversized = db
-        .query_one(
-            "SELECT reason, octet_length(payload::text) FROM entrega_outbox_quarantine WHERE id = $1",
-            &[&huge],
-        )
-        .await
-        .unwrap();
-    assert_eq!(oversized.get::<_, String>(0), "too_large");
-    let reused_reason: String = db
-        .query_one(
-            "SELECT reason FROM entrega_outbox_quarantine WHERE id = 'lead-7'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let quarantined = |id: String| {
+        let db = &db;
+        async move {
+            let row = db
+                .query_one(
+                    "SELECT reason, octet_length(payload::text)
+                       FROM entrega_outbox_quarantine WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, i32>(1))
+        }
+    };
+    assert_eq!(quarantined(bad).await.0, "unknown_tenant");
+    let (reason, kept) = quarantined(huge).await;
+    assert_eq!(reason, "too_large");
+    assert!(kept > 300_000, "kept whole in quarantine");
     assert_eq!(
-        reused_reason, "id_reused",
+        quarantined("lead-7".into()).await.0,
+        "id_reused",
         "the API's event is kept, not replaced"
-    );
-    assert!(
-        oversized.get::<_, i32>(1) > 300_000,
-        "kept whole in quarantine"
     );
     assert_eq!(
         outbox_rows(&db).await,
