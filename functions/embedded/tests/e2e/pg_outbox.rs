@@ -81,6 +81,17 @@ async fn create_lead(db: &mut Client, tenant: &str, name: &str, commit: bool) ->
     id
 }
 
+/// `/healthz` once it says degraded (503): its body.
+async fn degraded_health(server: &Server) -> String {
+    eventually(Duration::from_secs(10), "a degraded /healthz", || async {
+        let resp = reqwest::get(format!("{}/healthz", server.base))
+            .await
+            .unwrap();
+        (resp.status() == 503).then_some(resp.text().await.unwrap())
+    })
+    .await
+}
+
 async fn outbox_rows(db: &Client) -> i64 {
     db.query_one("SELECT count(*) FROM entrega_outbox", &[])
         .await
@@ -376,13 +387,7 @@ async fn tls_to_the_outbox_is_verified() {
     let receiver = Receiver::answering(200).await;
     acme.endpoint(json!({"url": receiver.url("/hooks")})).await;
     let id = create_lead(&mut db, &tenant, "Ada", true).await;
-    let health = eventually(Duration::from_secs(10), "a degraded /healthz", || async {
-        let resp = reqwest::get(format!("{}/healthz", untrusting.base))
-            .await
-            .unwrap();
-        (resp.status() == 503).then_some(resp.text().await.unwrap())
-    })
-    .await;
+    let health = degraded_health(&untrusting).await;
     assert!(health.contains("certificate"), "{health}");
     assert_eq!(outbox_rows(&db).await, 1, "the row waits");
     untrusting.stop();
@@ -401,13 +406,7 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
     let url = format!("postgres://{DRAIN_ROLE}:hunter2@127.0.0.1:{port}/crm");
     let dir = TempDir::new("pg-down");
     let server = Server::start_loopback(&dir, &["--outbox", &url]);
-    let health = eventually(Duration::from_secs(10), "a degraded /healthz", || async {
-        let resp = reqwest::get(format!("{}/healthz", server.base))
-            .await
-            .unwrap();
-        (resp.status() == 503).then_some(resp.text().await.unwrap())
-    })
-    .await;
+    let health = degraded_health(&server).await;
     assert!(
         health.contains(&format!("postgres 127.0.0.1:{port}/crm")),
         "{health}"
