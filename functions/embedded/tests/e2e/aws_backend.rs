@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::harness::*;
 
-fn aws_env(moto: &Moto) -> Vec<(&'static str, String)> {
+/// The emulator's address and test credentials, for a child `entrega`.
+pub(crate) fn aws_env(moto: &Moto) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
         ("AWS_ACCESS_KEY_ID", "test".into()),

@@ -417,3 +417,39 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
     let log = std::fs::read_to_string(&server.log).unwrap();
     assert!(!log.contains("hunter2"), "no password in the log");
 }
+
+/// The drain is part of `entrega serve` on either backend: on the AWS one (DynamoDB and
+/// SQS on the emulator) a committed row is delivered too, fanned out by the outbox
+/// table's stream.
+#[cfg(feature = "aws")]
+#[tokio::test(flavor = "multi_thread")]
+async fn the_aws_backend_drains_the_outbox_too() {
+    let (pg, mut db) = producer_database().await;
+    let moto = entrega_testkit::Moto::start();
+    let env = crate::aws_backend::aws_env(&moto);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = Command::new(entrega_bin())
+        .args(["provision", "--backend", "aws", "--aws-prefix", "pgo"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = TempDir::new("pg-aws");
+    let url = pg.url_as(DRAIN_ROLE);
+    let flags = [
+        &LOOPBACK[..],
+        &["--backend", "aws", "--aws-prefix", "pgo", "--outbox", &url],
+    ]
+    .concat();
+    let server = Server::start_env(&dir, &flags, &env);
+    let (tenant, acme) = server.admin().tenant("Acme on AWS").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/hooks")})).await;
+    let id = create_lead(&mut db, &tenant, "Ada", true).await;
+    all_delivered(&receiver, &[id], Duration::from_secs(30)).await;
+    assert_eq!(outbox_rows(&db).await, 0);
+}
