@@ -32,6 +32,9 @@ pub enum Component {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Failing {
     pub component: Component,
+    /// Which one, where a component runs several times (each producer outbox).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     pub reason: String,
     pub since: DateTime<Utc>,
     pub occurrences: u64,
@@ -40,26 +43,42 @@ pub struct Failing {
 /// The conditions of one process.
 #[derive(Debug, Default)]
 pub struct Conditions {
-    failing: Mutex<BTreeMap<Component, Failing>>,
+    failing: Mutex<BTreeMap<(Component, String), Failing>>,
 }
 
 impl Conditions {
     /// `component` failed with `reason`: logged when the condition starts or its reason
     /// changes, counted otherwise.
     pub fn failing(&self, component: Component, reason: &str, now: DateTime<Utc>) {
+        self.failing_at(component, "", reason, now);
+    }
+
+    /// As [`Self::failing`], for one `instance` of a component that runs several
+    /// times: each instance is its own condition, so one that works does not clear
+    /// another that fails.
+    pub fn failing_at(
+        &self,
+        component: Component,
+        instance: &str,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
-        match failing.get_mut(&component) {
+        let key = (component, instance.to_owned());
+        match failing.get_mut(&key) {
             Some(f) if f.reason == reason => f.occurrences += 1,
             _ => {
                 tracing::error!(
                     ?component,
+                    instance,
                     reason,
                     "failing; retrying with backoff (logged once until it changes)"
                 );
                 failing.insert(
-                    component,
+                    key,
                     Failing {
                         component,
+                        instance: (!instance.is_empty()).then(|| instance.to_owned()),
                         reason: reason.to_owned(),
                         since: now,
                         occurrences: 1,
@@ -71,9 +90,14 @@ impl Conditions {
 
     /// `component` works again.
     pub fn recovered(&self, component: Component) {
+        self.recovered_at(component, "");
+    }
+
+    /// `instance` of `component` works again.
+    pub fn recovered_at(&self, component: Component, instance: &str) {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = failing.remove(&component) {
-            tracing::warn!(?component, failed = f.occurrences, since = %f.since, "recovered");
+        if let Some(f) = failing.remove(&(component, instance.to_owned())) {
+            tracing::warn!(?component, instance, failed = f.occurrences, since = %f.since, "recovered");
         }
     }
 
@@ -99,6 +123,30 @@ mod tests {
         assert_eq!(current.len(), 1);
         assert_eq!(current[0].occurrences, 1000);
         c.recovered(Component::Outbox);
+        assert!(c.current().is_empty());
+    }
+
+    #[test]
+    fn instances_of_a_component_are_conditions_of_their_own() {
+        let c = Conditions::default();
+        let now = Utc::now();
+        c.failing_at(
+            Component::ProducerOutbox,
+            "postgres a:5432/crm",
+            "down",
+            now,
+        );
+        c.recovered_at(Component::ProducerOutbox, "postgres b:5432/crm");
+        assert_eq!(
+            c.current().len(),
+            1,
+            "another instance's recovery clears nothing"
+        );
+        assert_eq!(
+            c.current()[0].instance.as_deref(),
+            Some("postgres a:5432/crm")
+        );
+        c.recovered_at(Component::ProducerOutbox, "postgres a:5432/crm");
         assert!(c.current().is_empty());
     }
 }

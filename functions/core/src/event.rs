@@ -37,12 +37,95 @@ impl Event {
 
 impl Event {
     /// Whether `other`, published again under this one's id, is the same event: same
-    /// type, same data (compared as JSON values, so key order and number spelling do
-    /// not matter).
+    /// type, same data. The data is compared as JSON values (the API's text and
+    /// PostgreSQL's `jsonb` differ in spacing and key order), but only where parsing
+    /// loses nothing: a number past what an `f64` holds exactly (more than 15
+    /// significant digits, or out of range) would make two different payloads equal,
+    /// so such payloads must match byte for byte.
     pub fn same_as(&self, other: &Event) -> bool {
-        let data = |e: &Event| serde_json::from_str::<serde_json::Value>(&e.payload).ok();
-        self.event_type == other.event_type && data(self) == data(other)
+        if self.event_type != other.event_type {
+            return false;
+        }
+        if self.payload == other.payload {
+            return true;
+        }
+        match (exact_json(&self.payload), exact_json(&other.payload)) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
     }
+}
+
+/// The JSON value of `text` if parsing it keeps every number exact.
+fn exact_json(text: &str) -> Option<serde_json::Value> {
+    numbers_are_exact(text)
+        .then(|| serde_json::from_str(text).ok())
+        .flatten()
+}
+
+/// Significant decimal digits an `f64` always tells apart (`DBL_DIG`).
+const EXACT_DIGITS: usize = 15;
+/// Decimal exponents an `f64` holds without overflow or subnormal loss, with margin.
+const EXACT_EXPONENT: i64 = 300;
+
+/// Whether every number token of the JSON `text` (outside strings) has at most
+/// [`EXACT_DIGITS`] significant digits and a magnitude within [`EXACT_EXPONENT`].
+fn numbers_are_exact(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let (mut i, mut in_string) = (0, false);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 2,
+                b'"' => {
+                    in_string = false;
+                    i += 1;
+                }
+                _ => i += 1,
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                if !number_is_exact(&text[start..i]) {
+                    return false;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    true
+}
+
+fn number_is_exact(number: &str) -> bool {
+    let (mantissa, exponent) = match number.find(['e', 'E']) {
+        Some(at) => match number[at + 1..].parse::<i64>() {
+            Ok(e) => (&number[..at], e),
+            Err(_) => return false,
+        },
+        None => (number, 0),
+    };
+    let integer_digits = mantissa
+        .trim_start_matches('-')
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('0')
+        .len() as i64;
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0');
+    significant.len() <= EXACT_DIGITS && (exponent + integer_digits).abs() <= EXACT_EXPONENT
 }
 
 /// RFC 3339 UTC with millisecond precision, the one timestamp format of the API.
@@ -71,5 +154,30 @@ mod tests {
         );
         let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(parsed["data"]["a"], 1.5);
+    }
+    #[test]
+    fn the_same_event_is_the_same_data_but_never_by_lossy_numbers() {
+        let with = |payload: &str| Event {
+            id: "lead-7".parse().unwrap(),
+            tenant_id: TenantId::generate(),
+            event_type: "lead.created".into(),
+            payload: payload.into(),
+            created_at: Utc::now(),
+        };
+        let same = |a: &str, b: &str| with(a).same_as(&with(b));
+        assert!(same(r#"{"b":1,"a":[2.5]}"#, r#"{"a": [2.5], "b": 1}"#));
+        assert!(!same(r#"{"a":1}"#, r#"{"a":2}"#));
+        assert!(same(r#"{"a":1e400}"#, r#"{"a":1e400}"#), "byte for byte");
+        assert!(!same(r#"{"a":1e400}"#, r#"{"b":2e500}"#));
+        assert!(!same("12345678901234567890123", "12345678901234567890124"));
+        assert!(!same("0.1", "0.10000000000000000001"));
+        assert!(same(
+            r#"{"n": 123456789012345}"#,
+            r#"{"n":123456789012345}"#
+        ));
+        assert!(same(r#"{"s":"1e400 \" 9"}"#, r#"{"s": "1e400 \" 9"}"#));
+        let mut other_type = with("{}");
+        other_type.event_type = "lead.deleted".into();
+        assert!(!with("{}").same_as(&other_type));
     }
 }

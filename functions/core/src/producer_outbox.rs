@@ -18,7 +18,6 @@ pub struct OutboxRow {
     /// The JSON text (the column is `jsonb`, so it is valid JSON); `None` when it is
     /// over [`MAX_PAYLOAD_BYTES`], which the reader does not fetch.
     pub payload: Option<String>,
-    pub created_at: DateTime<Utc>,
 }
 
 /// Why a row can never become an event: it is moved to quarantine with this reason,
@@ -53,9 +52,13 @@ impl QuarantineReason {
     }
 }
 
-/// The event a row stands for, or why it can never be one. Whether its tenant exists
-/// is the caller's to check (it needs the store).
-pub fn event_of_row(row: &OutboxRow) -> Result<Event, QuarantineReason> {
+/// The event a row stands for, accepted at `now`, or why it can never be one. Whether
+/// its tenant exists is the caller's to check (it needs the store).
+///
+/// The event's time is when Entrega accepts it, as for `POST /v1/events`, not the
+/// row's `created_at`: that is the producer's clock, which may be ahead of Entrega's,
+/// `infinity`, or years off, and the fan-out poller orders and waits by event time.
+pub fn event_of_row(row: &OutboxRow, now: DateTime<Utc>) -> Result<Event, QuarantineReason> {
     let id: EventId = row.id.parse().map_err(|_| QuarantineReason::BadId)?;
     let tenant_id: TenantId = row
         .tenant_id
@@ -75,8 +78,7 @@ pub fn event_of_row(row: &OutboxRow) -> Result<Event, QuarantineReason> {
         tenant_id,
         event_type: row.event_type.clone(),
         payload: payload.clone(),
-        // The producer's commit time, so publish → delivered counts the outbox wait.
-        created_at: row.created_at,
+        created_at: now,
     })
 }
 
@@ -90,17 +92,16 @@ mod tests {
             tenant_id: TenantId::generate().to_string(),
             event_type: "lead.created".into(),
             payload: Some(r#"{"lead":1}"#.into()),
-            created_at: Utc::now(),
         }
     }
 
     #[test]
     fn a_good_row_is_its_event_byte_for_byte() {
-        let r = row();
-        let event = event_of_row(&r).unwrap();
+        let (r, now) = (row(), Utc::now());
+        let event = event_of_row(&r, now).unwrap();
         assert_eq!(event.id.as_str(), r.id);
         assert_eq!(Some(event.payload), r.payload);
-        assert_eq!(event.created_at, r.created_at);
+        assert_eq!(event.created_at, now, "accepted now, whatever the row says");
     }
 
     #[test]
@@ -108,7 +109,7 @@ mod tests {
         let bad = |f: fn(&mut OutboxRow)| {
             let mut r = row();
             f(&mut r);
-            event_of_row(&r).unwrap_err()
+            event_of_row(&r, Utc::now()).unwrap_err()
         };
         assert_eq!(bad(|r| r.id = "a.b".into()), QuarantineReason::BadId);
         assert_eq!(

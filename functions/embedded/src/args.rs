@@ -110,21 +110,24 @@ pub(crate) struct ServeArgs {
     /// Drain a producer's transactional outbox in its own PostgreSQL, e.g.
     /// `postgres://entrega@db.internal/crm` (see `entrega outbox init`). Repeatable;
     /// the same URL twice runs two drains of one table.
-    #[arg(long = "outbox", env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_delimiter = ' ', value_parser = parse_postgres_url)]
-    pub(crate) outboxes: Vec<tokio_postgres::Config>,
+    #[arg(
+        long = "outbox",
+        env = "ENTREGA_OUTBOX_URL",
+        hide_env_values = true,
+        value_delimiter = ' '
+    )]
+    pub(crate) outboxes: Vec<String>,
     /// Log format.
     #[arg(long, env = "ENTREGA_LOG_FORMAT", value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
 }
 
-/// A PostgreSQL URL, named in the error without echoing it (it may hold a password).
-pub(crate) fn parse_postgres_url(s: &str) -> Result<tokio_postgres::Config, String> {
-    s.parse()
-        .map_err(|e| format!("not a PostgreSQL URL (postgres://user@host:port/database): {e}"))
-}
-
-pub(crate) fn parse_postgres_url_boxed(s: &str) -> Result<Box<tokio_postgres::Config>, String> {
-    parse_postgres_url(s).map(Box::new)
+/// A PostgreSQL URL given to `flag`. Parsed here rather than by clap, whose error
+/// would echo the value, and the value may hold a password.
+pub(crate) fn postgres_url(flag: &str, s: &str) -> Result<tokio_postgres::Config, String> {
+    s.parse().map_err(|e| {
+        format!("{flag}: not a PostgreSQL URL (postgres://user@host:port/database): {e}")
+    })
 }
 
 #[derive(clap::Args)]

@@ -103,8 +103,8 @@ enum OutboxCommand {
     /// producer's PostgreSQL (idempotent).
     Init {
         /// The producer's database, e.g. `postgres://owner@db.internal/crm`.
-        #[arg(long, env = "ENTREGA_OUTBOX_URL", hide_env_values = true, value_parser = parse_postgres_url_boxed)]
-        postgres: Box<tokio_postgres::Config>,
+        #[arg(long, env = "ENTREGA_OUTBOX_URL", hide_env_values = true)]
+        postgres: String,
         /// The role `entrega serve --outbox` connects as: granted reading and deleting
         /// outbox rows and adding quarantined ones, nothing else.
         #[arg(long)]
@@ -156,13 +156,18 @@ async fn run(command: Command) -> Result<(), BoxError> {
                 max_db_size: args.max_db_size_mb.map(|mb| mb * 1024 * 1024),
                 metrics_token: args.metrics_token,
                 max_connections: args.max_connections as usize,
-                outboxes: args.outboxes,
+                outboxes: args
+                    .outboxes
+                    .iter()
+                    .map(|url| postgres_url("--outbox", url))
+                    .collect::<Result<_, _>>()?,
             })
             .await
         }
         Command::Outbox {
             command: OutboxCommand::Init { postgres, grant_to },
         } => {
+            let postgres = postgres_url("--postgres", &postgres)?;
             let tls = entrega_embedded::pg_outbox::tls::connector();
             let (mut client, connection) = postgres
                 .connect(tls)

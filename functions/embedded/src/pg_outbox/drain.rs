@@ -17,7 +17,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{TimeZone, Utc};
 use entrega_core::conditions::{Component, Conditions};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::ids::TenantId;
@@ -36,6 +35,15 @@ use super::schema::{self, CHANNEL};
 /// Rows per batch: one transaction, one store group commit, one `DELETE`. Bounded so
 /// a batch's locks and memory stay small (at most 500 × 256 KiB payloads).
 pub const DRAIN_BATCH: i64 = 500;
+/// Payload bytes one batch may take in. With the fan-outs behind it, at most
+/// `FAN_OUT_BATCHES_IN_FLIGHT + 1` batches' payloads are in memory (about 80 MiB),
+/// whatever size the rows are; the rows past it wait for the next batch.
+pub const BATCH_BYTES: i64 = 16 * 1024 * 1024;
+/// The longest one batch may take. A database that stops answering mid-batch (a hung
+/// host, a half-open connection) would otherwise stall the drain silently: past this,
+/// the connection is dropped (PostgreSQL rolls the batch back) and the drain reports
+/// the condition and reconnects.
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest a committed row waits when its notification was missed.
 pub const FALLBACK_POLL: Duration = Duration::from_secs(1);
 /// Fan-outs of freshly published events run this many at once.
@@ -60,6 +68,9 @@ pub enum DrainError {
     /// Entrega's own store: the batch is rolled back in PostgreSQL and retried.
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// The batch took longer than [`BATCH_TIMEOUT`]; the connection is dropped.
+    #[error("a batch took longer than {0:?}; reconnecting")]
+    Timeout(Duration),
 }
 
 /// One drain of one outbox. Several may run against the same table.
@@ -84,6 +95,8 @@ pub struct Drained {
     pub quarantined: usize,
     /// Rows left in the outbox because their tenant's backlog is full.
     pub held: usize,
+    /// Rows left for the next batch because this one had [`BATCH_BYTES`] already.
+    pub deferred: usize,
 }
 
 /// What the rows of a batch are to become.
@@ -119,17 +132,25 @@ impl Drain {
             };
             let result = match connected {
                 Ok(mut c) => {
-                    let r = self.drain_batch(&mut c, &room, &mut full).await;
-                    client = Some(c);
-                    r
+                    let batch = self.drain_batch(&mut c, &room, &mut full);
+                    match tokio::time::timeout(BATCH_TIMEOUT, batch).await {
+                        Ok(r) => {
+                            client = Some(c);
+                            r
+                        }
+                        Err(_) => Err(DrainError::Timeout(BATCH_TIMEOUT)),
+                    }
                 }
                 Err(e) => Err(e),
             };
             match result {
                 Ok(drained) => {
-                    self.conditions.recovered(Component::ProducerOutbox);
+                    self.conditions
+                        .recovered_at(Component::ProducerOutbox, &name);
                     backoff.reset();
-                    if drained.rows() + drained.held < DRAIN_BATCH as usize {
+                    let more = drained.deferred > 0
+                        || drained.rows() + drained.held >= DRAIN_BATCH as usize;
+                    if !more {
                         tokio::select! {
                             _ = wake.notified() => {}
                             _ = tokio::time::sleep(FALLBACK_POLL) => {}
@@ -138,8 +159,9 @@ impl Drain {
                     }
                 }
                 Err(e) => {
-                    self.conditions.failing(
+                    self.conditions.failing_at(
                         Component::ProducerOutbox,
+                        &name,
                         &format!("{name}: {e}"),
                         self.services.clock.now(),
                     );
@@ -190,37 +212,56 @@ impl Drain {
         *full = still_full;
         let skipped: Vec<String> = full.iter().map(TenantId::to_string).collect();
         let tx = client.transaction().await?;
-        // An oversized payload is not fetched (it would only be quarantined), so a
-        // batch holds at most DRAIN_BATCH payloads of MAX_PAYLOAD_BYTES.
-        let rows = tx
+        // Lock the batch and learn its sizes first; then fetch payloads only up to
+        // BATCH_BYTES, and never one over MAX_PAYLOAD_BYTES (it is only quarantined).
+        let locked = tx
             .query(
-                "SELECT id, tenant_id, type,
-                        CASE WHEN octet_length(payload::text) <= $3 THEN payload::text END,
-                        (extract(epoch FROM created_at) * 1000000)::bigint
+                "SELECT id, tenant_id, type, octet_length(payload::text)
                    FROM entrega_outbox
                   WHERE NOT (tenant_id = ANY($2))
                   ORDER BY created_at, id
                   LIMIT $1
                     FOR UPDATE SKIP LOCKED",
-                &[&DRAIN_BATCH, &skipped, &(MAX_PAYLOAD_BYTES as i32)],
+                &[&DRAIN_BATCH, &skipped],
             )
             .await?;
-        if rows.is_empty() {
+        if locked.is_empty() {
             return Ok(Drained::default());
         }
-        let rows: Vec<OutboxRow> = rows
-            .iter()
-            .map(|r| OutboxRow {
-                id: r.get(0),
+        let mut budget = BATCH_BYTES;
+        let mut rows = Vec::new();
+        let mut wanted: Vec<String> = Vec::new();
+        for r in &locked {
+            let size = i64::from(r.get::<_, i32>(3));
+            let fetched = size <= MAX_PAYLOAD_BYTES as i64;
+            if fetched && size > budget && !rows.is_empty() {
+                break;
+            }
+            let id: String = r.get(0);
+            if fetched {
+                budget -= size;
+                wanted.push(id.clone());
+            }
+            rows.push(OutboxRow {
+                id,
                 tenant_id: r.get(1),
                 event_type: r.get(2),
-                payload: r.get(3),
-                created_at: Utc
-                    .timestamp_micros(r.get(4))
-                    .single()
-                    .unwrap_or_else(Utc::now),
-            })
+                payload: None,
+            });
+        }
+        let deferred = locked.len() - rows.len();
+        let mut payloads: HashMap<String, String> = tx
+            .query(
+                "SELECT id, payload::text FROM entrega_outbox WHERE id = ANY($1)",
+                &[&wanted],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
             .collect();
+        for row in &mut rows {
+            row.payload = payloads.remove(&row.id);
+        }
         let Screened {
             events,
             mut bad,
@@ -254,6 +295,7 @@ impl Drain {
             events: ids.len() - bad.len(),
             quarantined: bad.len(),
             held: held.len(),
+            deferred,
         };
         self.services
             .metrics
@@ -288,8 +330,9 @@ impl Drain {
         }
         let mut owners: HashMap<TenantId, Owner> = HashMap::new();
         let mut screened = Screened::default();
+        let now = self.services.clock.now();
         for row in rows {
-            let event = match event_of_row(row) {
+            let event = match event_of_row(row, now) {
                 Ok(event) => event,
                 Err(reason) => {
                     screened.bad.push((row.id.clone(), reason));

@@ -416,6 +416,79 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
     assert_eq!(status, 200, "the API works meanwhile");
     let log = std::fs::read_to_string(&server.log).unwrap();
     assert!(!log.contains("hunter2"), "no password in the log");
+
+    // A URL that does not parse is refused without being echoed.
+    for (flag, command) in [("--outbox", "serve"), ("--postgres", "outbox")] {
+        let mut args = vec![command];
+        if command == "outbox" {
+            args.push("init");
+        }
+        let out = Command::new(entrega_bin())
+            .args(&args)
+            .args([flag, "postgres://u:hunter2@127.0.0.1:notaport/db"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(flag) && !said.contains("hunter2"), "{said}");
+    }
+}
+
+/// Whatever the producer's clock put in `created_at` (years ahead, `infinity`,
+/// `-infinity`), a row is an event accepted now and delivered at once; and a backlog
+/// of large payloads, more than one batch may hold in memory, drains over several.
+#[tokio::test(flavor = "multi_thread")]
+async fn odd_times_and_large_payloads_drain_and_deliver() {
+    let (pg, db) = producer_database().await;
+    let dir = TempDir::new("pg-odd");
+    let server = Server::start_loopback(&dir, &["--outbox", &pg.url_as(DRAIN_ROLE)]);
+    let (tenant, acme) = server.admin().tenant("Acme CRM").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/hooks"), "max_concurrency": 32}))
+        .await;
+    let mut ids = Vec::new();
+    for created_at in [
+        "-infinity",
+        "infinity",
+        "294276-12-31",
+        "now() + interval '1 day'",
+    ] {
+        let when = if created_at.starts_with("now") {
+            created_at.to_owned()
+        } else {
+            format!("'{created_at}'")
+        };
+        let id: String = db
+            .query_one(
+                &format!(
+                    "INSERT INTO entrega_outbox (tenant_id, type, payload, created_at)
+                     VALUES ($1, 'lead.created', '{{}}', {when}) RETURNING id"
+                ),
+                &[&tenant],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ids.push(id);
+    }
+    all_delivered(&receiver, &ids, Duration::from_secs(10)).await;
+
+    // 100 rows of 250 KB: 25 MB, more than one batch takes in (16 MiB).
+    let large: Vec<String> = db
+        .query(
+            "INSERT INTO entrega_outbox (tenant_id, type, payload)
+             SELECT $1, 'lead.created', jsonb_build_object('pad', repeat('x', 250000))
+               FROM generate_series(1, 100)
+             RETURNING id",
+            &[&tenant],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    all_delivered(&receiver, &large, Duration::from_secs(60)).await;
+    assert_eq!(outbox_rows(&db).await, 0);
 }
 
 /// The drain is part of `entrega serve` on either backend: on the AWS one (DynamoDB and
