@@ -308,25 +308,31 @@ impl Drain {
         Ok(drained)
     }
 
-    /// Whether `tenant` has as many deliveries waiting as it may.
-    async fn backlog_full(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+    /// How many more events `tenant` may have accepted now: what `--max-backlog` leaves
+    /// of it (0: full).
+    async fn backlog_room(&self, tenant: &TenantId) -> Result<u64, StoreError> {
         let waiting = self.services.backlog.tenant_backlog(tenant).await?;
-        Ok(waiting >= self.services.settings.max_backlog)
+        Ok(self.services.settings.max_backlog.saturating_sub(waiting))
+    }
+
+    async fn backlog_full(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        Ok(self.backlog_room(tenant).await? == 0)
     }
 
     /// Rows that can become events, the others with why not, and those to leave
-    /// because their tenant's backlog is full (added to `full`).
+    /// because their tenant's backlog is full (the tenant is added to `full`). A
+    /// tenant takes no more of a batch than its backlog has room for, as if each row
+    /// were a `POST /v1/events` checked against the limit.
     async fn screen(
         &self,
         rows: &[OutboxRow],
         full: &mut HashSet<TenantId>,
     ) -> Result<Screened, StoreError> {
-        /// What a tenant is to this batch.
+        /// What a tenant is to this batch: unknown, or how many more of its rows fit.
         #[derive(Clone, Copy, PartialEq)]
         enum Owner {
             Unknown,
-            Full,
-            Open,
+            Room(u64),
         }
         let mut owners: HashMap<TenantId, Owner> = HashMap::new();
         let mut screened = Screened::default();
@@ -343,27 +349,33 @@ impl Drain {
                 Some(owner) => *owner,
                 None => {
                     let store = &self.services.store;
-                    let owner = if store.get_tenant(&event.tenant_id).await?.is_none() {
+                    if store.get_tenant(&event.tenant_id).await?.is_none() {
                         Owner::Unknown
-                    } else if self.backlog_full(&event.tenant_id).await? {
-                        full.insert(event.tenant_id.clone());
-                        Owner::Full
                     } else {
-                        Owner::Open
-                    };
-                    owners.insert(event.tenant_id.clone(), owner);
-                    owner
+                        Owner::Room(self.backlog_room(&event.tenant_id).await?)
+                    }
                 }
             };
-            match owner {
-                Owner::Open => screened.events.push(event),
-                Owner::Full => {
-                    screened.held.insert(row.id.clone());
+            let next = match owner {
+                Owner::Unknown => {
+                    screened
+                        .bad
+                        .push((row.id.clone(), QuarantineReason::UnknownTenant));
+                    owner
                 }
-                Owner::Unknown => screened
-                    .bad
-                    .push((row.id.clone(), QuarantineReason::UnknownTenant)),
-            }
+                Owner::Room(0) => {
+                    full.insert(event.tenant_id.clone());
+                    screened.held.insert(row.id.clone());
+                    owner
+                }
+                Owner::Room(room) => {
+                    let tenant = event.tenant_id.clone();
+                    screened.events.push(event);
+                    owners.insert(tenant, Owner::Room(room - 1));
+                    continue;
+                }
+            };
+            owners.insert(event.tenant_id, next);
         }
         Ok(screened)
     }

@@ -345,9 +345,16 @@ async fn a_full_backlog_leaves_rows_waiting_without_holding_up_other_tenants() {
     let up = Receiver::answering(200).await;
     calm.endpoint(json!({"url": up.url("/hooks")})).await;
 
-    for i in 0..BACKLOG * 3 {
-        create_lead(&mut db, &busy_tenant, &format!("busy {i}"), true).await;
-    }
+    // In one transaction, so one batch holds them all: the limit must hold inside a
+    // batch, not only between batches.
+    db.execute(
+        "INSERT INTO entrega_outbox (tenant_id, type, payload)
+         SELECT $1, 'lead.created', jsonb_build_object('n', n)
+           FROM generate_series(1, $2::bigint) AS n",
+        &[&busy_tenant, &(BACKLOG * 3)],
+    )
+    .await
+    .unwrap();
     let calm_id = create_lead(&mut db, &calm_tenant, "calm", true).await;
     all_delivered(&up, &[calm_id], Duration::from_secs(20)).await;
     let waiting: i64 = db
@@ -358,9 +365,10 @@ async fn a_full_backlog_leaves_rows_waiting_without_holding_up_other_tenants() {
         .await
         .unwrap()
         .get(0);
-    assert!(
-        waiting >= BACKLOG,
-        "the busy tenant's rows wait at the source ({waiting} left)"
+    assert_eq!(
+        waiting,
+        BACKLOG * 2,
+        "the busy tenant has exactly its backlog's worth accepted; the rest wait at the source"
     );
     let quarantined: i64 = db
         .query_one("SELECT count(*) FROM entrega_outbox_quarantine", &[])
