@@ -8,21 +8,14 @@
 use std::time::Duration;
 
 use entrega_testkit::sim::scenarios::{beside_a_slow_tenant, p99, soak, thundering_herd};
-use entrega_testkit::sim::seed_or;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use entrega_testkit::sim::{env_or, seed_or};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let seed = seed_or(1);
     println!("{}", thundering_herd(seed).await);
 
-    let backlog = env("ENTREGA_SIM_BACKLOG", 50_000);
+    let backlog: usize = env_or("ENTREGA_SIM_BACKLOG", 50_000);
     let (alone, _, _) = beside_a_slow_tenant(seed, 0, Duration::ZERO, 10_000).await;
     let (beside, _, _) = beside_a_slow_tenant(seed, backlog, Duration::from_secs(2), 10_000).await;
     println!(
@@ -34,6 +27,6 @@ async fn main() {
 
     println!(
         "{}",
-        soak(seed, env("ENTREGA_SIM_EVENTS", 100_000) as i64).await
+        soak(seed, env_or("ENTREGA_SIM_EVENTS", 100_000)).await
     );
 }

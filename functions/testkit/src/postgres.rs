@@ -17,6 +17,8 @@ pub const SUPERUSER: &str = "entrega_test";
 pub struct PgCluster {
     bin: PathBuf,
     dir: TempDir,
+    /// Who runs the server programs, when the tests run as root; else the caller.
+    run_as: Option<&'static str>,
     pub port: u16,
     /// With TLS: the certificate of the CA that signed the server's (a client trusts it
     /// through `SSL_CERT_FILE`).
@@ -78,24 +80,14 @@ impl PgCluster {
         let bin = bin_dir();
         let dir = TempDir::new("pg");
         let port = crate::free_loopback_port();
-        let root = is_root();
-        if root {
-            let status = Command::new("chown")
-                .args(["-R", server_user()])
-                .arg(&dir.0)
-                .status()
-                .expect("chown runs");
-            assert!(
-                status.success(),
-                "the server's directory is handed to its user"
-            );
-        }
         let mut cluster = Self {
             bin,
             dir,
+            run_as: is_root().then(server_user),
             port,
             certificate: None,
         };
+        cluster.hand_over(&cluster.dir.0);
         let data = cluster.dir.0.join("data");
         cluster.run(
             "initdb",
@@ -205,16 +197,8 @@ impl PgCluster {
             "-out",
             &cert,
         ]);
-        if is_root() {
-            for f in [&cert, &key] {
-                let status = Command::new("chown")
-                    .arg(server_user())
-                    .arg(f)
-                    .status()
-                    .unwrap();
-                assert!(status.success());
-            }
-        }
+        self.hand_over(Path::new(&cert));
+        self.hand_over(Path::new(&key));
         let status = Command::new("chmod").arg("600").arg(&key).status().unwrap();
         assert!(status.success());
         (ca.into(), cert.into(), key.into())
@@ -230,14 +214,28 @@ impl PgCluster {
         self.url_as(SUPERUSER)
     }
 
+    /// Give `path` (recursively) to the server's user, where it is not the caller.
+    fn hand_over(&self, path: &Path) {
+        let Some(user) = self.run_as else {
+            return;
+        };
+        let status = Command::new("chown")
+            .args(["-R", user])
+            .arg(path)
+            .status()
+            .expect("chown runs");
+        assert!(status.success(), "{} is handed to {user}", path.display());
+    }
+
     fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
-        if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", server_user(), "--"]).arg(path);
-            c
-        } else {
-            Command::new(path)
+        match self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(path);
+                c
+            }
+            None => Command::new(path),
         }
     }
 

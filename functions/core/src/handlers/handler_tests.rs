@@ -37,19 +37,10 @@ async fn endpoint(
     tenant: &TenantId,
     configure: impl FnOnce(&mut Endpoint),
 ) -> Endpoint {
-    let mut endpoint = Endpoint::new(
-        tenant.clone(),
-        "https://hooks.acme.example/",
-        world.clock.now(),
-    );
-    configure(&mut endpoint);
     world
-        .services
-        .store
-        .create_endpoint(&endpoint)
+        .add_endpoint(tenant, "https://hooks.acme.example/", configure)
         .await
-        .unwrap();
-    endpoint
+        .unwrap()
 }
 
 async fn publish(world: &World, tenant: &TenantId, event_type: &str) -> Event {

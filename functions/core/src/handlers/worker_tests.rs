@@ -25,17 +25,12 @@ struct Case {
 /// A tenant with one endpoint set up by `configure`, in a fresh world.
 async fn case(configure: impl FnOnce(&mut Endpoint)) -> Case {
     let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 7);
-    let now = world.clock.now();
     let tenant = world
         .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
         .await
         .unwrap();
-    let mut endpoint = Endpoint::new(tenant, "https://hooks.acme.example/", now);
-    configure(&mut endpoint);
-    world
-        .services
-        .store
-        .create_endpoint(&endpoint)
+    let endpoint = world
+        .add_endpoint(&tenant, "https://hooks.acme.example/", configure)
         .await
         .unwrap();
     Case { world, endpoint }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{MemoryQueue, MemoryStore};
+use crate::endpoint::Endpoint;
 use crate::ids::TenantId;
 use crate::outcome::TransportResult;
 use crate::ports::{
@@ -154,5 +155,18 @@ impl World {
         let key = format!("key-{}", tenant.id);
         self.services.store.create_tenant(&tenant, &key).await?;
         Ok(tenant.id)
+    }
+
+    /// An endpoint of `tenant` at `url`, set up by `configure`, stored.
+    pub async fn add_endpoint(
+        &self,
+        tenant: &TenantId,
+        url: &str,
+        configure: impl FnOnce(&mut Endpoint),
+    ) -> StoreResult<Endpoint> {
+        let mut endpoint = Endpoint::new(tenant.clone(), url, self.clock.now());
+        configure(&mut endpoint);
+        self.services.store.create_endpoint(&endpoint).await?;
+        Ok(endpoint)
     }
 }

@@ -83,11 +83,6 @@ pub struct Drain {
     pub conditions: Arc<Conditions>,
 }
 
-/// Room for fan-outs running behind the drain (see [`FAN_OUT_BATCHES_IN_FLIGHT`]).
-fn fan_out_room() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(FAN_OUT_BATCHES_IN_FLIGHT))
-}
-
 /// What one batch did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Drained {
@@ -121,7 +116,8 @@ impl Drain {
         let name = super::describe(&self.config);
         let tls = super::tls::connector();
         let wake = Arc::new(Notify::new());
-        let room = fan_out_room();
+        // Room for fan-outs running behind the drain.
+        let room = Arc::new(Semaphore::new(FAN_OUT_BATCHES_IN_FLIGHT));
         let mut full = HashSet::new();
         let mut backoff = LoopBackoff::default();
         let mut client: Option<Client> = None;
@@ -329,14 +325,13 @@ impl Drain {
         full: &mut HashSet<TenantId>,
     ) -> Result<Screened, StoreError> {
         /// What a tenant is to this batch: unknown, or how many more of its rows fit.
-        #[derive(Clone, Copy, PartialEq)]
         enum Owner {
             Unknown,
             Room(u64),
         }
         let mut owners: HashMap<TenantId, Owner> = HashMap::new();
         let mut screened = Screened::default();
-        let now = self.services.clock.now();
+        let (store, now) = (&self.services.store, self.services.clock.now());
         for row in rows {
             let event = match event_of_row(row, now) {
                 Ok(event) => event,
@@ -345,37 +340,27 @@ impl Drain {
                     continue;
                 }
             };
-            let owner = match owners.get(&event.tenant_id) {
-                Some(owner) => *owner,
-                None => {
-                    let store = &self.services.store;
-                    if store.get_tenant(&event.tenant_id).await?.is_none() {
-                        Owner::Unknown
-                    } else {
-                        Owner::Room(self.backlog_room(&event.tenant_id).await?)
-                    }
-                }
-            };
-            let next = match owner {
-                Owner::Unknown => {
-                    screened
-                        .bad
-                        .push((row.id.clone(), QuarantineReason::UnknownTenant));
-                    owner
-                }
+            if !owners.contains_key(&event.tenant_id) {
+                let owner = if store.get_tenant(&event.tenant_id).await?.is_none() {
+                    Owner::Unknown
+                } else {
+                    Owner::Room(self.backlog_room(&event.tenant_id).await?)
+                };
+                owners.insert(event.tenant_id.clone(), owner);
+            }
+            match owners.get_mut(&event.tenant_id).expect("inserted above") {
+                Owner::Unknown => screened
+                    .bad
+                    .push((row.id.clone(), QuarantineReason::UnknownTenant)),
                 Owner::Room(0) => {
                     full.insert(event.tenant_id.clone());
                     screened.held.insert(row.id.clone());
-                    owner
                 }
                 Owner::Room(room) => {
-                    let tenant = event.tenant_id.clone();
+                    *room -= 1;
                     screened.events.push(event);
-                    owners.insert(tenant, Owner::Room(room - 1));
-                    continue;
                 }
-            };
-            owners.insert(event.tenant_id, next);
+            }
         }
         Ok(screened)
     }

@@ -102,15 +102,9 @@ async fn resend_and_failures_on_the_aws_backend() {
     let moto = Moto::start();
     let env = aws_env(&moto);
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_entrega"))
-        .args(["provision", "--backend", "aws", "--aws-prefix", "sup"])
-        .envs(env_refs.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    entrega_succeeds(
+        &["provision", "--backend", "aws", "--aws-prefix", "sup"],
+        &env_refs,
     );
     let dir = TempDir::new("aws-support");
     let server = Server::start_env(

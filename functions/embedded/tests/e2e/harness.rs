@@ -17,6 +17,22 @@ pub fn entrega_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_entrega")))
 }
 
+/// Run `entrega args…` with `env` to completion; it must succeed (else its stderr is
+/// the failure).
+pub fn entrega_succeeds(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let out = Command::new(entrega_bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the entrega binary runs");
+    assert!(
+        out.status.success(),
+        "entrega {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A free loopback port (bound, then released for a child process to take).
 pub use entrega_testkit::free_loopback_port as free_port;
 

@@ -41,18 +41,17 @@ async fn outbox_ready(pg: &PgCluster, env: &[(&str, &str)]) -> Client {
         ))
         .await
         .unwrap();
+    let url = pg.url();
     for _ in 0..2 {
-        let out = Command::new(entrega_bin())
-            .args(["outbox", "init", "--postgres", &pg.url()])
-            .args(["--grant-to", DRAIN_ROLE])
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let init = [
+            "outbox",
+            "init",
+            "--postgres",
+            &url,
+            "--grant-to",
+            DRAIN_ROLE,
+        ];
+        entrega_succeeds(&init, env);
     }
     admin
 }
@@ -509,15 +508,9 @@ async fn the_aws_backend_drains_the_outbox_too() {
     let moto = entrega_testkit::Moto::start();
     let env = crate::aws_backend::aws_env(&moto);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let out = Command::new(entrega_bin())
-        .args(["provision", "--backend", "aws", "--aws-prefix", "pgo"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    entrega_succeeds(
+        &["provision", "--backend", "aws", "--aws-prefix", "pgo"],
+        &env,
     );
     let dir = TempDir::new("pg-aws");
     let url = pg.url_as(DRAIN_ROLE);

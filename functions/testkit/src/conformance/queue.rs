@@ -68,11 +68,11 @@ async fn drain(queue: &dyn MessageQueue, want: usize) -> Vec<ReceivedMessage> {
     got
 }
 
-pub async fn a_received_message_is_hidden_until_it_comes_back_or_is_deleted(
-    queue: &dyn MessageQueue,
-) {
+/// One message sent, received (and hidden), made visible and received again: its two
+/// receipts, the first now stale.
+async fn received_twice(queue: &dyn MessageQueue) -> (ReceivedMessage, ReceivedMessage) {
     queue.send(vec![message("m1", "t1")]).await.unwrap();
-    let first = drain(queue, 1).await;
+    let mut first = drain(queue, 1).await;
     assert_eq!(first.len(), 1, "the sent message is received");
     assert_eq!((first[0].body.as_str(), first[0].receive_count), ("m1", 1));
     assert!(
@@ -84,14 +84,20 @@ pub async fn a_received_message_is_hidden_until_it_comes_back_or_is_deleted(
         .change_visibility(&first[0].receipt, Duration::ZERO)
         .await
         .unwrap();
-    let second = drain(queue, 1).await;
+    let mut second = drain(queue, 1).await;
     assert_eq!(second.len(), 1, "made visible, it comes back");
     assert_eq!(second[0].body, "m1");
     assert_eq!(second[0].receive_count, 2, "every receive counts");
+    (first.remove(0), second.remove(0))
+}
 
-    queue.delete(&second[0].receipt).await.unwrap();
+pub async fn a_received_message_is_hidden_until_it_comes_back_or_is_deleted(
+    queue: &dyn MessageQueue,
+) {
+    let (_, second) = received_twice(queue).await;
+    queue.delete(&second.receipt).await.unwrap();
     queue
-        .change_visibility(&second[0].receipt, Duration::ZERO)
+        .change_visibility(&second.receipt, Duration::ZERO)
         .await
         .ok();
     assert!(
@@ -132,18 +138,8 @@ pub async fn a_delayed_message_waits(queue: &dyn MessageQueue) {
 /// error; where the adapter promises [`StaleReceipts::Ignored`], it also leaves the
 /// message with its current holder, whose receipt still works.
 pub async fn a_stale_receipt_is_never_an_error(queue: &dyn MessageQueue, stale: StaleReceipts) {
-    queue.send(vec![message("m1", "t1")]).await.unwrap();
-    let first = drain(queue, 1).await;
-    assert_eq!(first.len(), 1, "the sent message is received");
-    queue
-        .change_visibility(&first[0].receipt, Duration::ZERO)
-        .await
-        .unwrap();
-    let second = drain(queue, 1).await;
-    assert_eq!(second.len(), 1, "made visible, it comes back");
-    assert_eq!(second[0].receive_count, 2);
-
-    let old = &first[0].receipt;
+    let (first, second) = received_twice(queue).await;
+    let old = &first.receipt;
     queue
         .change_visibility(old, Duration::ZERO)
         .await
@@ -159,7 +155,7 @@ pub async fn a_stale_receipt_is_never_an_error(queue: &dyn MessageQueue, stale: 
             "a stale receipt did not make the message visible under its holder"
         );
         queue
-            .change_visibility(&second[0].receipt, Duration::ZERO)
+            .change_visibility(&second.receipt, Duration::ZERO)
             .await
             .unwrap();
         let third = drain(queue, 1).await;
@@ -168,7 +164,7 @@ pub async fn a_stale_receipt_is_never_an_error(queue: &dyn MessageQueue, stale: 
         queue.delete(&third[0].receipt).await.unwrap();
     } else {
         queue
-            .delete(&second[0].receipt)
+            .delete(&second.receipt)
             .await
             .expect("the current receipt settles, whatever the stale one did");
         for late in drain(queue, 1).await {

@@ -65,10 +65,17 @@ const MAX_STEPS_AT_ONE_INSTANT: usize = 10_000;
 
 /// The seed to run: `ENTREGA_SIM_SEED` if set (to replay a failure), else `default`.
 pub fn seed_or(default: u64) -> u64 {
-    std::env::var("ENTREGA_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    env_or("ENTREGA_SIM_SEED", default)
+}
+
+/// The environment variable `name` read as a number (a run's size or seed), if set.
+pub fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+/// The environment variable `name` read as a number, else `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    env_number(name).unwrap_or(default)
 }
 
 pub struct Sim {

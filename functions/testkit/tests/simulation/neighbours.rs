@@ -2,7 +2,7 @@
 //! neighbour's backlog (scenario 6) must not change another tenant's latency.
 
 use entrega_testkit::sim::scenarios::{beside_a_slow_tenant, p99};
-use entrega_testkit::sim::seed_or;
+use entrega_testkit::sim::{env_or, seed_or};
 
 /// Scenario 2: a receiver that answers in 8 s, its endpoint's timeout 5 s: every
 /// attempt is cut at the timeout, and the other tenant's latency is what it is alone.
@@ -44,10 +44,7 @@ async fn a_slow_receiver_is_cut_at_its_timeout_and_others_keep_their_latency() {
 /// endpoint's lane, so the full size takes seconds).
 #[tokio::test]
 async fn a_noisy_neighbour_does_not_slow_another_tenant() {
-    let backlog: usize = std::env::var("ENTREGA_SIM_BACKLOG")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50_000);
+    let backlog: usize = env_or("ENTREGA_SIM_BACKLOG", 50_000);
     let seed = seed_or(6);
     let (alone, _, _) = beside_a_slow_tenant(seed, 0, std::time::Duration::ZERO, 10_000).await;
     let (beside, _, _) =

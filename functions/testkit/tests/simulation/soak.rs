@@ -4,7 +4,7 @@
 use entrega_core::endpoint::DeliveryMode;
 use entrega_core::memory::response;
 use entrega_testkit::sim::scenarios::soak;
-use entrega_testkit::sim::{seed_or, Faults, Sim};
+use entrega_testkit::sim::{env_number, env_or, seed_or, Faults, Sim};
 
 /// Soak: events over 20 endpoints of 4 tenants with every kind of receiver (healthy,
 /// flapping, down for hours, always failing, rate-limiting with `Retry-After`,
@@ -15,16 +15,10 @@ use entrega_testkit::sim::{seed_or, Faults, Sim};
 /// figure is 100 000); `ENTREGA_SIM_SEED` runs one seed instead of the kept ones.
 #[tokio::test]
 async fn soak_with_faults_and_crashes_keeps_every_invariant() {
-    let events: i64 = std::env::var("ENTREGA_SIM_EVENTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4_000);
+    let events: i64 = env_or("ENTREGA_SIM_EVENTS", 4_000);
     // Seed 10 is kept: it found a delivery orphaned by a replayed fan-out (a bug of the
     // simulation's outbox replay, fixed) and must keep passing.
-    let seeds = match std::env::var("ENTREGA_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
+    let seeds = match env_number("ENTREGA_SIM_SEED") {
         Some(seed) => vec![seed],
         None => vec![7, 10],
     };
