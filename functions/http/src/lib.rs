@@ -1,5 +1,7 @@
 //! HTTP for both runtimes: the delivery transport (reqwest, the SSRF guard) and the
-//! API router (axum) that `entrega serve` and the API Lambda both mount.
+//! API router (axum) with its support console, which `entrega serve` and the API
+//! Lambda both mount.
 
 pub mod api;
+pub mod console;
 pub mod transport;

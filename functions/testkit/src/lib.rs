@@ -69,6 +69,8 @@ pub struct Reply {
     pub status: u16,
     pub delay: Duration,
     pub headers: Vec<(&'static str, String)>,
+    /// What the response says; a fixed greeting when `None`.
+    pub body: Option<String>,
 }
 
 impl Reply {
@@ -77,6 +79,7 @@ impl Reply {
             status,
             delay: Duration::ZERO,
             headers: vec![],
+            body: None,
         }
     }
 
@@ -87,6 +90,11 @@ impl Reply {
 
     pub fn header(mut self, name: &'static str, value: &str) -> Self {
         self.headers.push((name, value.to_owned()));
+        self
+    }
+
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = Some(body.to_owned());
         self
     }
 }
@@ -154,7 +162,7 @@ impl Receiver {
                     shared.lock().unwrap().in_flight -= 1;
                     let mut resp = (
                         StatusCode::from_u16(reply.status).unwrap(),
-                        "receiver says hi",
+                        reply.body.unwrap_or_else(|| "receiver says hi".to_owned()),
                     )
                         .into_response();
                     for (name, value) in reply.headers {
@@ -177,6 +185,14 @@ impl Receiver {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// From now on, answer every request with `reply` (what is left of the script is
+    /// dropped): a receiver that is fixed, or breaks, mid-test.
+    pub fn answer_from_now(&self, reply: Reply) {
+        let mut s = self.state.lock().unwrap();
+        s.script.clear();
+        s.fallback = Some(reply);
     }
 
     pub fn got(&self) -> Vec<Received> {

@@ -220,6 +220,109 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
     );
 }
 
+/// An API Gateway HTTP API (v2) event for `GET path`, as API Gateway sends it.
+fn apigw_get(path: &str, authorization: Option<&str>) -> lambda_http::request::LambdaRequest {
+    let mut headers = json!({"host": "api.example.com", "accept": "*/*"});
+    if let Some(auth) = authorization {
+        headers["authorization"] = json!(auth);
+    }
+    serde_json::from_value(json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": headers,
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "api", "domainName": "api.example.com", "domainPrefix": "api",
+            "http": {"method": "GET", "path": path, "protocol": "HTTP/1.1", "sourceIp": "192.0.2.1", "userAgent": "Chromium"},
+            "requestId": "r1", "routeKey": "$default", "stage": "$default", "time": "30/Nov/2026:12:00:00 +0000", "timeEpoch": 1796000000000u64
+        },
+        "isBase64Encoded": false
+    }))
+    .unwrap()
+}
+
+/// The console is served by the API function: through the same adapter `lambda_http`
+/// runs in Lambda, the page and its files come back as API Gateway receives them —
+/// text bodies, their content types, the CSP and frame headers — and API answers are
+/// never cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_function_serves_the_console() {
+    use lambda_http::tower::{Service, ServiceExt};
+    let stack = Stack::start().await;
+    let app = entrega_http::api::router(entrega_http::api::AppState {
+        services: stack.services.clone(),
+        targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
+        limiter: None,
+        conditions: Default::default(),
+        waiting: None,
+        after_publish: None,
+    });
+    let admin_key = entrega_core::tenant::generate_api_key();
+    stack
+        .services
+        .store
+        .put_api_key(
+            &entrega_core::tenant::hash_api_key(&admin_key),
+            &entrega_core::tenant::Principal::Admin,
+        )
+        .await
+        .unwrap();
+    let mut lambda = lambda_http::Adapter::from(app);
+    let mut get = async |path: &str, auth: Option<&str>| -> serde_json::Value {
+        let event =
+            lambda_http::LambdaEvent::new(apigw_get(path, auth), lambda_http::Context::default());
+        let response = lambda.ready().await.unwrap().call(event).await.unwrap();
+        serde_json::to_value(&response).unwrap()
+    };
+    for (path, content_type, needle) in [
+        (
+            "/console",
+            "text/html; charset=utf-8",
+            "<script type=\"module\" src=\"/console/app.js\">",
+        ),
+        (
+            "/console/app.js",
+            "text/javascript; charset=utf-8",
+            "sessionStorage",
+        ),
+        (
+            "/console/api.js",
+            "text/javascript; charset=utf-8",
+            "Authorization",
+        ),
+        (
+            "/console/console.css",
+            "text/css; charset=utf-8",
+            ":focus-visible",
+        ),
+    ] {
+        let response = get(path, None).await;
+        assert_eq!(response["statusCode"], 200, "{path}: {response}");
+        let headers = &response["headers"];
+        assert_eq!(headers["content-type"], content_type, "{path}");
+        assert_eq!(
+            headers["content-security-policy"],
+            entrega_http::console::CONTENT_SECURITY_POLICY,
+            "{path}"
+        );
+        assert_eq!(headers["x-frame-options"], "DENY", "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(response["isBase64Encoded"], false, "{path}: sent as text");
+        assert!(
+            response["body"].as_str().unwrap().contains(needle),
+            "{path}: {}",
+            response["body"]
+        );
+    }
+    let missing = get("/console/nope.js", None).await;
+    assert_eq!(missing["statusCode"], 404, "{missing}");
+    let api = get("/v1/tenants", Some(&format!("Bearer {admin_key}"))).await;
+    assert_eq!(api["statusCode"], 200, "{api}");
+    assert_eq!(api["headers"]["cache-control"], "no-store", "{api}");
+    assert_eq!(api["headers"]["x-frame-options"], "DENY", "{api}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_analyzer_reports_only_the_notices_it_could_not_record() {
     use entrega_core::delivery::Delivery;

@@ -5,6 +5,7 @@ mod api_errors;
 #[cfg(feature = "aws")]
 mod aws_backend;
 mod cli;
+mod console;
 mod crash;
 mod delivery;
 mod fairness;

@@ -139,7 +139,7 @@ async fn no_route() -> ApiError {
     ApiError::not_found("route", "for this method and path")
 }
 
-/// The whole v1 API.
+/// The whole v1 API, and the console that uses it.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -151,6 +151,7 @@ pub fn router(state: AppState) -> Router {
         .merge(failures::router())
         .merge(stats::router())
         .merge(openapi::router())
+        .merge(crate::console::router())
         .fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -161,5 +162,6 @@ pub fn router(state: AppState) -> Router {
             track_backend,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(crate::console::security_headers))
         .with_state(state)
 }

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Delivery, DeliveryStatus};
 use entrega_core::handlers::resend::{resend_delivery, ResendError};
-use entrega_core::ids::{DeliveryId, EndpointId};
+use entrega_core::ids::{DeliveryId, EndpointId, TenantId};
 use entrega_core::ports::DeliveryQuery;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -78,6 +78,10 @@ pub(super) struct BatchResend {
     #[serde(default, deserialize_with = "super::endpoints::not_null")]
     #[schema(min_items = 1, max_items = 1000, value_type = Vec<String>)]
     ids: Option<Vec<String>>,
+    /// Admin only: one tenant's deliveries (a tenant's key always means its own).
+    #[serde(default, deserialize_with = "super::endpoints::not_null")]
+    #[schema(value_type = String, pattern = "^ten_[0-9a-f]{32}$")]
+    tenant_id: Option<TenantId>,
     #[serde(default, deserialize_with = "super::endpoints::not_null")]
     #[schema(value_type = String, pattern = "^ep_[0-9a-f]{32}$")]
     endpoint_id: Option<EndpointId>,
@@ -211,6 +215,8 @@ async fn by_ids(
     body: &BatchResend,
 ) -> ApiResult<BatchResent> {
     if body.endpoint_id.is_some()
+        || body.tenant_id.is_some()
+        || body.event_type.is_some()
         || body.status.is_some()
         || body.since.is_some()
         || body.until.is_some()
@@ -276,7 +282,7 @@ async fn by_window(
         ));
     }
     let mut query = DeliveryQuery {
-        tenant: caller.list_scope(None),
+        tenant: caller.list_scope(body.tenant_id.clone()),
         endpoint_id: body.endpoint_id.clone(),
         event_type: body.event_type.clone(),
         status: body.status,
