@@ -296,6 +296,7 @@ async fn the_api_function_serves_the_console() {
             "text/css; charset=utf-8",
             ":focus-visible",
         ),
+        ("/console/icon.svg", "image/svg+xml", "<svg"),
     ] {
         let response = get(path, None).await;
         assert_eq!(response["statusCode"], 200, "{path}: {response}");
@@ -321,6 +322,10 @@ async fn the_api_function_serves_the_console() {
     assert_eq!(api["statusCode"], 200, "{api}");
     assert_eq!(api["headers"]["cache-control"], "no-store", "{api}");
     assert_eq!(api["headers"]["x-frame-options"], "DENY", "{api}");
+    assert_eq!(
+        api["headers"]["content-security-policy"], "default-src 'none'; frame-ancestors 'none'",
+        "{api}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

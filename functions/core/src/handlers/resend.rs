@@ -42,9 +42,10 @@ pub async fn resend_delivery(
         .ok_or(ResendError::EndpointGone)?;
     let mut current = delivery.clone();
     for _ in 0..RESEND_TRIES {
-        let next = state_machine::resend(&current, requested_by, services.clock.now());
+        let now = services.clock.now();
+        let next = state_machine::resend(&current, requested_by, now);
         let message =
-            DeliveryTask::for_delivery(&next).message(endpoint.max_concurrency, Duration::ZERO);
+            DeliveryTask::for_resend(&next, now).message(endpoint.max_concurrency, Duration::ZERO);
         services.deliveries.send(vec![message]).await?;
         match services.store.save_delivery(&next, &[]).await {
             Ok(saved) => {

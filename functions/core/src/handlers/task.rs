@@ -14,6 +14,12 @@ pub struct DeliveryTask {
     pub tenant_id: TenantId,
     pub endpoint_id: EndpointId,
     pub generation: u32,
+    /// When a resend queued this (unix ms), before writing its generation: the worker
+    /// waits for that write counting from here. The delivery's own `updated_at` is the
+    /// old generation's, which may be long past; counting from it dropped every resend
+    /// of a delivery untouched for a minute whose message the worker saw first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resent_at_ms: Option<i64>,
 }
 
 impl DeliveryTask {
@@ -23,6 +29,15 @@ impl DeliveryTask {
             tenant_id: delivery.tenant_id.clone(),
             endpoint_id: delivery.endpoint_id.clone(),
             generation: delivery.generation,
+            resent_at_ms: None,
+        }
+    }
+
+    /// The task of a resend's new generation, queued at `now`.
+    pub fn for_resend(delivery: &Delivery, now: chrono::DateTime<chrono::Utc>) -> Self {
+        Self {
+            resent_at_ms: Some(now.timestamp_millis()),
+            ..Self::for_delivery(delivery)
         }
     }
 

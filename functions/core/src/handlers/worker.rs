@@ -164,8 +164,13 @@ async fn screen(
 ) -> StoreResult<Option<Disposition>> {
     if task.generation > delivery.generation {
         // A resend queued this before writing its generation: wait for the write, but
-        // not forever (the resend may have died between the two).
-        if now - delivery.updated_at < super::resend::FUTURE_GENERATION_GRACE {
+        // not forever (the resend may have died between the two). A message from
+        // before `resent_at_ms` existed counts from the delivery's last change.
+        let queued = task
+            .resent_at_ms
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .unwrap_or(delivery.updated_at);
+        if now - queued < super::resend::FUTURE_GENERATION_GRACE {
             return Ok(Some(Disposition::RetryIn(CONFLICT_BACKOFF)));
         }
         return Ok(Some(Disposition::Done));

@@ -353,6 +353,60 @@ async fn a_message_from_before_a_resend_sends_nothing() {
     assert_eq!(c.world.transport.requests().len(), 1);
 }
 
+/// The worker may see a resend's message before the resend writes its generation
+/// (the message is queued first). It waits for the write counting from when the
+/// message was queued, not from the delivery's last change, which for a delivery that
+/// failed an hour ago is an hour back.
+#[tokio::test]
+async fn a_resend_of_an_old_delivery_seen_before_its_write_waits_for_it() {
+    let c = case(|e| e.retry = RetrySpec::Preset(crate::retry::RetryPreset::None)).await;
+    c.world.transport.then([response(500)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Exhausted);
+    c.advance(3600);
+
+    let current = c.delivery(&d.id).await;
+    let resent = state_machine::resend(&current, "support", c.world.clock.now());
+    let early = DeliveryTask::for_resend(&resent, c.world.clock.now());
+    let body = serde_json::to_string(&early).unwrap();
+    // The worker runs between the resend's send and its write.
+    assert_eq!(
+        handle_delivery(&c.world.services, &body, 1).await.unwrap(),
+        Disposition::RetryIn(CONFLICT_BACKOFF),
+        "kept for the write, not dropped"
+    );
+    c.world
+        .services
+        .store
+        .save_delivery(&resent, &[])
+        .await
+        .unwrap();
+    c.advance(2);
+    assert_eq!(
+        handle_delivery(&c.world.services, &body, 2).await.unwrap(),
+        Disposition::Done
+    );
+    let delivered = c.delivery(&d.id).await;
+    assert_eq!(
+        (delivered.state, delivered.generation),
+        (DeliveryState::Delivered, 1)
+    );
+
+    // A resend whose write never happened is given up after the grace period.
+    let never = DeliveryTask::for_resend(
+        &state_machine::resend(&delivered, "support", c.world.clock.now()),
+        c.world.clock.now(),
+    );
+    let body = serde_json::to_string(&never).unwrap();
+    c.advance(61);
+    assert_eq!(
+        handle_delivery(&c.world.services, &body, 3).await.unwrap(),
+        Disposition::Done
+    );
+    assert_eq!(c.world.transport.requests().len(), 2, "nothing sent for it");
+}
+
 #[tokio::test]
 async fn a_disabled_endpoint_pauses_its_waiting_delivery() {
     let c = case(|_| {}).await;

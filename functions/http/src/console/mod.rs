@@ -85,6 +85,11 @@ const ASSETS: &[Asset] = &[
         content_type: JS,
         body: include_str!("assets/endpoints.js"),
     },
+    Asset {
+        name: "icon.svg",
+        content_type: "image/svg+xml",
+        body: include_str!("assets/icon.svg"),
+    },
 ];
 
 fn serve(asset: &Asset) -> Response {
@@ -111,6 +116,10 @@ async fn asset(Path(name): Path<String>) -> Response {
     }
 }
 
+/// The policy of every answer that is not a console file: JSON and problems are never
+/// meant to be rendered, so nothing at all is allowed.
+const NOTHING_POLICY: &str = "default-src 'none'; frame-ancestors 'none'";
+
 /// Headers every answer carries, API and console alike: never framed, never
 /// content-sniffed, and (unless the route chose its own caching) never stored, since
 /// API answers hold tenants' payloads and secrets.
@@ -132,6 +141,9 @@ pub async fn security_headers(
     headers
         .entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
+    headers
+        .entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(NOTHING_POLICY));
     headers.insert(
         HeaderName::from_static("cross-origin-opener-policy"),
         HeaderValue::from_static("same-origin"),
@@ -159,7 +171,10 @@ mod tests {
         for a in ASSETS {
             for piece in a.body.split(['"', '\'']) {
                 if let Some(file) = piece.strip_prefix("./").or(piece.strip_prefix("/console/")) {
-                    if file.ends_with(".js") || file.ends_with(".css") {
+                    if [".js", ".css", ".svg"]
+                        .iter()
+                        .any(|ext| file.ends_with(ext))
+                    {
                         named.push(file.to_owned());
                     }
                 }

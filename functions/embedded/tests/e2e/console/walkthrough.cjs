@@ -122,6 +122,14 @@ async function main() {
   const after = await need({ what: "arrived", event_type: "order.shipped", at_least: before.count + 5 });
   assert.equal(after.count, before.count + 5, "5 arrive, no more");
 
+  step("a window longer than the API resends is refused before anything is counted or sent");
+  await page.getByLabel("Created from").fill("2026-01-01T00:00");
+  await page.getByRole("button", { name: "Apply filters" }).click();
+  await page.waitForFunction(() => location.hash.includes("since="), null, WAIT);
+  await page.locator("#resend-matching").click();
+  await page.locator("#resend-progress").getByText("A batch resend covers at most 14 days").waitFor(WAIT);
+  assert.equal(await page.locator("dialog[open]").count(), 0, "no confirmation offered");
+
   step("failures: the oldest's age, and an acknowledgement with a note");
   await page.getByRole("link", { name: "Failures" }).click();
   await page.locator("#oldest").waitFor(WAIT);

@@ -11,6 +11,8 @@ import { endpointsPage } from "./endpoints.js";
 
 const $ = (id) => document.getElementById(id);
 let caller = null;
+/** Each render's number: a slower, older render never paints over a newer one. */
+let latest = 0;
 
 function route() {
   const [path, search] = (location.hash.slice(1) || "/deliveries").split("?");
@@ -18,11 +20,15 @@ function route() {
 }
 
 async function render() {
+  const mine = ++latest;
   if (!signedIn()) return showSignIn();
   $("sign-in").hidden = true;
   $("nav").hidden = false;
   $("sign-out").hidden = false;
-  const view = $("view");
+  // The page is built off-screen and shown only if no newer render started meanwhile
+  // (and the user did not sign out); later redraws of the page update it in place.
+  const view = h("div");
+  const paint = () => { if (mine === latest) $("view").replaceChildren(view); };
   try {
     caller = caller || (await whoAmI());
     $("who").textContent = caller.admin ? "Signed in as admin" : "Signed in with a tenant key";
@@ -36,13 +42,16 @@ async function render() {
     else if (parts[0] === "failures") await failuresPage(view, params, caller);
     else if (parts[0] === "endpoints") await endpointsPage(view, params, caller);
     else await deliveryLog(view, params, caller);
+    paint();
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
     show(view, h("h1", {}, "Something went wrong"), h("p", {}, e.message));
+    paint();
   }
 }
 
 function showSignIn(message) {
+  latest += 1;
   caller = null;
   $("nav").hidden = true;
   $("sign-out").hidden = true;
@@ -72,7 +81,8 @@ $("sign-in-form").addEventListener("submit", async (event) => {
   } catch (e) {
     return signOut(e instanceof ApiError && e.status === 401 ? "That key was not accepted." : e.message);
   }
-  if (location.hash.startsWith("#/")) render(); else location.hash = "#/deliveries";
+  if (location.hash.startsWith("#/")) await render(); else location.hash = "#/deliveries";
+  $("main").focus();
 });
 
 $("sign-out").addEventListener("click", () => signOut("Signed out."));

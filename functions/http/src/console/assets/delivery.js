@@ -45,19 +45,22 @@ function attemptsTable(attempts) {
 /** "Try now": resend by id under a fresh key, then watch until a new attempt lands. */
 async function tryNow(id, button, render) {
   button.disabled = true;
-  const before = await get(`/v1/deliveries/${encodeURIComponent(id)}`);
+  const path = `/v1/deliveries/${encodeURIComponent(id)}`;
   try {
+    const before = await get(path);
     const answer = await call("POST", "/v1/deliveries/resend", { ids: [id] }, newIdempotencyKey());
     if (answer.queued !== 1) throw new Error("the delivery was not found");
     notify("Queued; waiting for the attempt…");
-    const deadline = Date.now() + POLL_FOR_MS;
-    while (Date.now() < deadline) {
-      const now = await get(`/v1/deliveries/${encodeURIComponent(id)}`);
-      if (now.attempts.length > before.attempts.length && now.status !== "pending") break;
+    let attempted = false;
+    for (const deadline = Date.now() + POLL_FOR_MS; !attempted && Date.now() < deadline;) {
       await sleep(POLL_MS);
+      const now = await get(path);
+      attempted = now.attempts.length > before.attempts.length && now.status !== "pending";
     }
     await render();
-    notify("Tried again: see the newest attempt below.");
+    notify(attempted
+      ? "Tried again: see the newest attempt below."
+      : `Queued, but no attempt in ${POLL_FOR_MS / 1000} s; it is still pending. Look again later.`, !attempted);
   } catch (e) {
     notify(`Try now failed: ${e.message}`, true);
     button.disabled = false;

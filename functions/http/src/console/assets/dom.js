@@ -68,8 +68,12 @@ export function field(label, control) {
 
 /** `<select>` of `[value, text]` pairs, `selected` chosen. */
 export function select(name, options, selected) {
+  // A filter from the address that the list does not hold (past its first page) is
+  // still shown as what it is, never as "every".
+  const known = options.some(([value]) => value === (selected || ""));
+  const all = known ? options : [...options, [selected, selected]];
   return h("select", { name, id: `f-${name}` },
-    options.map(([value, text]) => h("option", { value, selected: value === (selected || "") }, text)));
+    all.map(([value, text]) => h("option", { value, selected: value === (selected || "") }, text)));
 }
 
 /** A `<dialog>` asking `question`; resolves true when confirmed. */
@@ -77,8 +81,8 @@ export function confirmDialog(question, confirmText) {
   return new Promise((resolve) => {
     const yes = h("button", { type: "button", class: "primary" }, confirmText);
     const no = h("button", { type: "button" }, "Cancel");
-    const dialog = h("dialog", { "aria-labelledby": "confirm-q" },
-      h("p", { id: "confirm-q" }, question), h("div", { class: "actions" }, yes, no));
+    const dialog = h("dialog", { "aria-labelledby": "confirm-question" },
+      h("p", { id: "confirm-question" }, question), h("div", { class: "actions" }, yes, no));
     const finish = (answer) => { dialog.close(); dialog.remove(); resolve(answer); };
     yes.addEventListener("click", () => finish(true));
     no.addEventListener("click", () => finish(false));

@@ -60,7 +60,7 @@ function reveal(card, secret) {
     h("div", { class: "actions" }, input, copy));
 }
 
-function card(endpoint, stats, rerender) {
+function card(endpoint, stats, rerender, caller) {
   const id = endpoint.id;
   const path = `/v1/endpoints/${encodeURIComponent(id)}`;
   const act = (label, run) => {
@@ -101,6 +101,8 @@ function card(endpoint, stats, rerender) {
     h("p", {}, statusText(endpoint.disabled ? "disabled" : "enabled"),
       endpoint.disabled_reason ? ` — ${endpoint.disabled_reason}` : "",
       " · ", h("span", { class: "mono muted" }, id),
+      caller.admin ? [" · tenant ", h("span", { class: "mono muted" },
+        caller.tenants.find((t) => t.id === endpoint.tenant_id)?.name || endpoint.tenant_id)] : null,
       endpoint.description ? ` · ${endpoint.description}` : ""),
     statsBlock(stats),
     typesForm,
@@ -135,6 +137,6 @@ export async function endpointsPage(view, params, caller) {
   show(view,
     h("h1", {}, "Endpoints"),
     filters,
-    page.data.length === 0 ? h("p", {}, "No endpoints.") : page.data.map((e, i) => card(e, stats[i], rerender)),
+    page.data.length === 0 ? h("p", {}, "No endpoints.") : page.data.map((e, i) => card(e, stats[i], rerender, caller)),
     h("div", { class: "pager" }, page.next_cursor ? h("a", { href: `#/endpoints?${next}` }, "Next page") : null));
 }

@@ -3,10 +3,13 @@
 
 import { get, call, query } from "./api.js";
 import { h, show, time, age, field, select, notify } from "./dom.js";
+import { endpointsOf } from "./log.js";
 
 const PAGE_SIZE = 50;
 /** Pages read to find the oldest unacknowledged failure (200 each); past it, "older than". */
 const MAX_OLDEST_PAGES = 25;
+/** The API's limit on an acknowledgement note. */
+const MAX_NOTE_BYTES = 2000;
 
 async function oldestUnacknowledged(tenantId) {
   let cursor;
@@ -30,14 +33,18 @@ function ackDialog(failure, done) {
     h("label", { for: "ack-note" }, "Note (what was done, for whoever looks next)"), h("br"), note,
     h("div", { class: "actions" }, save, cancel));
   const dialog = h("dialog", {}, form);
-  cancel.addEventListener("click", () => { dialog.close(); dialog.remove(); });
+  // Escape closes a dialog without a click: remove it however it closes.
+  dialog.addEventListener("close", () => dialog.remove());
+  cancel.addEventListener("click", () => dialog.close());
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (new TextEncoder().encode(note.value).length > MAX_NOTE_BYTES) {
+      return notify(`The note is too long: at most ${MAX_NOTE_BYTES} bytes (fewer characters when accented or non-Latin).`, true);
+    }
     save.disabled = true;
     try {
       await call("POST", `/v1/failures/${encodeURIComponent(failure.id)}/ack`, { note: note.value });
       dialog.close();
-      dialog.remove();
       notify("Acknowledged.");
       done();
     } catch (e) {
@@ -50,8 +57,8 @@ function ackDialog(failure, done) {
   note.focus();
 }
 
-function row(f, rerender) {
-  const resend = h("button", { type: "button" }, "Resend");
+function row(f, endpoints, rerender) {
+  const resend = h("button", { type: "button", "aria-label": `Resend ${f.event_type} to ${endpoints.get(f.endpoint_id)?.url || f.endpoint_id}` }, "Resend");
   resend.addEventListener("click", async () => {
     resend.disabled = true;
     try {
@@ -68,7 +75,7 @@ function row(f, rerender) {
   return h("tr", {},
     h("td", {}, h("a", { href: `#/deliveries/${encodeURIComponent(f.delivery_id)}` }, time(f.created_at))),
     h("td", { class: "mono" }, f.event_type),
-    h("td", { class: "mono" }, f.endpoint_id),
+    h("td", { class: "mono", title: f.endpoint_id }, endpoints.get(f.endpoint_id)?.url || f.endpoint_id),
     h("td", {}, f.reason),
     h("td", { class: "num" }, f.last_status_code ?? "—"),
     h("td", {}, f.last_error ?? "—"),
@@ -80,9 +87,10 @@ export async function failuresPage(view, params, caller) {
   const tenantId = caller.admin ? params.get("tenant_id") || undefined : undefined;
   const acknowledged = params.get("acknowledged") ?? "false";
   const cursor = params.get("cursor") || undefined;
-  const [page, oldest] = await Promise.all([
+  const [page, oldest, endpoints] = await Promise.all([
     get(`/v1/failures${query({ tenant_id: tenantId, acknowledged, limit: PAGE_SIZE, cursor })}`),
     oldestUnacknowledged(tenantId),
+    endpointsOf(tenantId),
   ]);
   const controls = [];
   if (caller.admin) {
@@ -111,6 +119,6 @@ export async function failuresPage(view, params, caller) {
     page.data.length === 0 ? h("p", {}, "No failures match.") : h("table", { id: "failures" },
       h("thead", {}, h("tr", {}, ["Failed", "Event type", "Endpoint", "Reason", "Last response", "Last error",
         "Acknowledged", "Action"].map((c) => h("th", { scope: "col" }, c)))),
-      h("tbody", {}, page.data.map((f) => row(f, rerender)))),
+      h("tbody", {}, page.data.map((f) => row(f, endpoints, rerender)))),
     h("div", { class: "pager" }, page.next_cursor ? h("a", { href: `#/failures?${next}` }, "Next page") : null));
 }

@@ -79,11 +79,16 @@ function table(rows, endpoints) {
       h("td", {}, time(d.next_attempt_at))))));
 }
 
-/** The window a batch resend covers: the filters', or the last 14 days. */
+/** The window a batch resend covers: the filters', else up to the last 14 days. */
 function resendWindow(filters) {
   const until = filters.until || new Date().toISOString();
   const since = filters.since || new Date(new Date(until).getTime() - MAX_WINDOW_DAYS * 86400000).toISOString();
-  return { ...filters, since, until };
+  const days = (new Date(until) - new Date(since)) / 86400000;
+  if (!(days > 0)) throw new Error("“Created from” must be before “Created before”.");
+  if (days > MAX_WINDOW_DAYS) {
+    throw new Error(`A batch resend covers at most ${MAX_WINDOW_DAYS} days; narrow “Created from” and “Created before”.`);
+  }
+  return { ...filters, since, until, defaulted: !filters.since };
 }
 
 async function countMatching(filters, progress) {
@@ -98,21 +103,24 @@ async function countMatching(filters, progress) {
   return { count, more: Boolean(cursor) };
 }
 
-async function batchResend(filters, button, progressArea) {
+async function batchResend(filters, button, progressArea, caller) {
   button.disabled = true;
-  const scope = resendWindow(filters);
   const label = h("span", { role: "status" });
   const bar = h("progress", { max: 1, value: 0, "aria-label": "Resend progress" });
   show(progressArea, label, bar);
   try {
-    const { count, more } = await countMatching(scope, label);
+    const scope = resendWindow(filters);
+    const { defaulted, ...query } = scope;
+    const { count, more } = await countMatching(query, label);
     if (count === 0) {
       label.textContent = "No delivery matches these filters in the window; nothing to resend.";
       return;
     }
     const what = more ? `more than ${count}` : `${count}`;
+    const whose = caller.admin && !scope.tenant_id ? " of every tenant" : "";
+    const older = defaulted ? " (the last 14 days; older matching deliveries are not included)" : "";
     const ok = await confirmDialog(
-      `Resend ${what} deliveries created between ${new Date(scope.since).toLocaleString()} and ${new Date(scope.until).toLocaleString()}? Each is sent again now, with the same webhook-id.`,
+      `Resend ${what} deliveries${whose} created between ${new Date(scope.since).toLocaleString()} and ${new Date(scope.until).toLocaleString()}${older}? Each is sent again now, with the same webhook-id.`,
       `Resend ${what}`);
     if (!ok) {
       label.textContent = "Nothing was resent.";
@@ -142,6 +150,7 @@ async function batchResend(filters, button, progressArea) {
     notify(e.message, true);
   } finally {
     button.disabled = false;
+    button.focus();
   }
 }
 
@@ -154,7 +163,7 @@ export async function deliveryLog(view, params, caller) {
   ]);
   const progressArea = h("div", { id: "resend-progress" });
   const resendButton = h("button", { type: "button", id: "resend-matching" }, "Resend all matching…");
-  resendButton.addEventListener("click", () => batchResend(filters, resendButton, progressArea));
+  resendButton.addEventListener("click", () => batchResend(filters, resendButton, progressArea, caller));
   const next = new URLSearchParams(params);
   if (page.next_cursor) next.set("cursor", page.next_cursor);
   const first = new URLSearchParams(params);
