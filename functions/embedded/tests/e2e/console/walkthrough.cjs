@@ -144,6 +144,8 @@ async function main() {
   await page.getByRole("link", { name: "Endpoints" }).click();
   await page.locator(".card svg.chart").first().waitFor(WAIT);
   assert.match(await page.locator(".card").first().textContent(), /Last 24 h: \d+ attempts/);
+  // 6 delivered (Try now, 5 resent), 7 failed: degraded, in words.
+  assert.match(await page.locator(".card .health").first().textContent(), /Health: degraded — 54 % of attempts in 24 h failed/);
   await page.locator(".card").first().getByRole("button", { name: "Rotate secret…" }).click();
   const secret = page.locator(".card input[aria-label='New signing secret']");
   await secret.waitFor(WAIT);

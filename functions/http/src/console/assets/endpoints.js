@@ -33,9 +33,19 @@ function chart(stats) {
   svg("text", { x: 0, y: 10 }, `${peak} ms`));
 }
 
+/** Health in a word, from the last 24 hours: what support looks at first. */
+function health(stats) {
+  if (stats.attempts === 0) return ["idle", "no attempts in 24 h"];
+  if (stats.failed === 0) return ["healthy", "every attempt in 24 h succeeded"];
+  if (stats.delivered === 0) return ["failing", "every attempt in 24 h failed"];
+  return ["degraded", `${Math.round((100 * stats.failed) / stats.attempts)} % of attempts in 24 h failed`];
+}
+
 function statsBlock(stats) {
   if (!stats) return h("p", { class: "muted" }, "No figures: the statistics could not be read.");
+  const [word, why] = health(stats);
   return h("div", {},
+    h("p", { class: "health" }, "Health: ", statusText(word), ` — ${why}`),
     h("p", {}, `Last 24 h: ${stats.attempts} attempts, ${stats.delivered} delivered, ${stats.failed} failed; ` +
       `median ${stats.median_ms ?? "—"} ms, p95 ${stats.p95_ms ?? "—"} ms${stats.truncated ? " (newest attempts only)" : ""}.`),
     stats.last_error ? h("p", {}, "Last error: ", h("span", { class: "mono" }, stats.last_error), " ", time(stats.last_error_at)) : null,
