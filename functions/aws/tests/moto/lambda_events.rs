@@ -161,10 +161,8 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_api_function_serves_api_gateway_v2_requests() {
-    use lambda_http::tower::ServiceExt;
-    let stack = Stack::start().await;
+/// The API function's router on the stack's services, and an admin key it accepts.
+async fn api_function(stack: &Stack) -> (axum::Router, String) {
     let app = entrega_http::api::router(entrega_http::api::AppState {
         services: stack.services.clone(),
         targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
@@ -183,6 +181,14 @@ async fn the_api_function_serves_api_gateway_v2_requests() {
         )
         .await
         .unwrap();
+    (app, admin_key)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_function_serves_api_gateway_v2_requests() {
+    use lambda_http::tower::ServiceExt;
+    let stack = Stack::start().await;
+    let (app, admin_key) = api_function(&stack).await;
     let apigw = json!({
         "version": "2.0",
         "routeKey": "$default",
@@ -250,24 +256,7 @@ fn apigw_get(path: &str, authorization: Option<&str>) -> lambda_http::request::L
 async fn the_api_function_serves_the_console() {
     use lambda_http::tower::{Service, ServiceExt};
     let stack = Stack::start().await;
-    let app = entrega_http::api::router(entrega_http::api::AppState {
-        services: stack.services.clone(),
-        targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
-        limiter: None,
-        conditions: Default::default(),
-        waiting: None,
-        after_publish: None,
-    });
-    let admin_key = entrega_core::tenant::generate_api_key();
-    stack
-        .services
-        .store
-        .put_api_key(
-            &entrega_core::tenant::hash_api_key(&admin_key),
-            &entrega_core::tenant::Principal::Admin,
-        )
-        .await
-        .unwrap();
+    let (app, admin_key) = api_function(&stack).await;
     let mut lambda = lambda_http::Adapter::from(app);
     let mut get = async |path: &str, auth: Option<&str>| -> serde_json::Value {
         let event =

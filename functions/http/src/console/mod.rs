@@ -38,58 +38,29 @@ struct Asset {
 
 const JS: &str = "text/javascript; charset=utf-8";
 
-/// Every file, by the name it is served under (`/console/<name>`).
+/// A file of `assets/`, compiled in.
+macro_rules! asset {
+    ($name:literal, $content_type:expr) => {
+        Asset {
+            name: $name,
+            content_type: $content_type,
+            body: include_str!(concat!("assets/", $name)),
+        }
+    };
+}
+
+/// Every file, by the name it is served under (`/console/<name>`); the page first.
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_str!("assets/index.html"),
-    },
-    Asset {
-        name: "console.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_str!("assets/console.css"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: JS,
-        body: include_str!("assets/app.js"),
-    },
-    Asset {
-        name: "api.js",
-        content_type: JS,
-        body: include_str!("assets/api.js"),
-    },
-    Asset {
-        name: "dom.js",
-        content_type: JS,
-        body: include_str!("assets/dom.js"),
-    },
-    Asset {
-        name: "log.js",
-        content_type: JS,
-        body: include_str!("assets/log.js"),
-    },
-    Asset {
-        name: "delivery.js",
-        content_type: JS,
-        body: include_str!("assets/delivery.js"),
-    },
-    Asset {
-        name: "failures.js",
-        content_type: JS,
-        body: include_str!("assets/failures.js"),
-    },
-    Asset {
-        name: "endpoints.js",
-        content_type: JS,
-        body: include_str!("assets/endpoints.js"),
-    },
-    Asset {
-        name: "icon.svg",
-        content_type: "image/svg+xml",
-        body: include_str!("assets/icon.svg"),
-    },
+    asset!("index.html", "text/html; charset=utf-8"),
+    asset!("console.css", "text/css; charset=utf-8"),
+    asset!("app.js", JS),
+    asset!("api.js", JS),
+    asset!("dom.js", JS),
+    asset!("log.js", JS),
+    asset!("delivery.js", JS),
+    asset!("failures.js", JS),
+    asset!("endpoints.js", JS),
+    asset!("icon.svg", "image/svg+xml"),
 ];
 
 fn serve(asset: &Asset) -> Response {
