@@ -138,6 +138,7 @@ async fn support_staff_find_fix_and_resend_in_the_console() {
         .env("CONSOLE_URL", &server.base)
         .env("TENANT_A_KEY", &a.key)
         .env("TENANT_B_KEY", &b.key)
+        .env("ADMIN_KEY", ADMIN_KEY)
         .env("ARTIFACTS", &artifacts)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -77,11 +77,25 @@ export function newIdempotencyKey() {
   return `console-${crypto.randomUUID()}`;
 }
 
+/** Rows of a list for a dropdown or labels: its pages followed up to [`MAX_LISTED`]. */
+const MAX_LISTED = 1000;
+
+/** Every row of the list at `path` with `params`, up to [`MAX_LISTED`]. */
+export async function listed(path, params = {}) {
+  const rows = [];
+  let cursor;
+  do {
+    const page = await get(`${path}${query({ ...params, limit: 200, cursor })}`);
+    rows.push(...page.data);
+    cursor = page.next_cursor;
+  } while (cursor && rows.length < MAX_LISTED);
+  return rows;
+}
+
 /** Who the key belongs to: the admin can list tenants, a tenant cannot. */
 export async function whoAmI() {
   try {
-    const tenants = await get("/v1/tenants?limit=200");
-    return { admin: true, tenants: tenants.data };
+    return { admin: true, tenants: await listed("/v1/tenants") };
   } catch (e) {
     if (e instanceof ApiError && e.status === 403) return { admin: false, tenants: [] };
     throw e;

@@ -1,7 +1,7 @@
 // The delivery log: filters, a page of deliveries, cursor paging, and batch resend of
 // everything the filters match.
 
-import { get, call, query, newIdempotencyKey } from "./api.js";
+import { get, call, query, listed, newIdempotencyKey } from "./api.js";
 import { h, show, statusText, time, field, select, confirmDialog, notify } from "./dom.js";
 
 /** The API's page size limit. */
@@ -33,10 +33,10 @@ function apiFilters(params) {
   return f;
 }
 
-/** Endpoints the caller sees (the first 200), to label rows and fill the filter. */
+/** Endpoints the caller sees (the first 1 000), to label rows and fill the filter. */
 export async function endpointsOf(tenantId) {
-  const page = await get(`/v1/endpoints${query({ limit: 200, tenant_id: tenantId })}`);
-  return new Map(page.data.map((e) => [e.id, e]));
+  const rows = await listed("/v1/endpoints", { tenant_id: tenantId });
+  return new Map(rows.map((e) => [e.id, e]));
 }
 
 function filterForm(params, caller, endpoints) {
