@@ -180,6 +180,21 @@ async function main() {
     && document.querySelectorAll("#deliveries tbody tr").length === 1, null, WAIT);
   assert.deepEqual((await rows(page)).map((r) => r.eventType), ["b.only"]);
 
+  step("the admin's failures: every tenant's, then one tenant's");
+  await page.getByRole("link", { name: "Failures" }).click();
+  await page.locator("#failures").waitFor(WAIT);
+  await page.getByLabel("Show").selectOption({ label: "All" });
+  await page.getByRole("button", { name: "Apply filters" }).click();
+  await page.waitForFunction(() => new URLSearchParams(location.hash.split("?")[1]).get("acknowledged") === ""
+    && document.querySelectorAll("#failures tbody tr").length > 1, null, WAIT);
+  const everyTenant = await page.locator("#failures tbody tr td:nth-child(2)").allTextContents();
+  assert.ok(everyTenant.includes("b.only") && everyTenant.includes("audit.logged"), everyTenant.join());
+  await page.getByLabel("Tenant").selectOption({ label: "Globex" });
+  await page.getByRole("button", { name: "Apply filters" }).click();
+  await page.waitForFunction(() => location.hash.startsWith("#/failures?tenant_id=")
+    && [...document.querySelectorAll("#failures tbody tr td:nth-child(2)")].every((td) => td.textContent === "b.only"), null, WAIT);
+  assert.deepEqual(await page.locator("#failures tbody tr td:nth-child(2)").allTextContents(), ["b.only"]);
+
   step("nothing the attacker wrote ever ran");
   assert.equal(await page.evaluate(() => window.__pwned), undefined);
   assert.deepEqual(problems, []);
