@@ -22,6 +22,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::sqlite::queue::SqliteQueue;
+use crate::sqlite::replayable;
 use crate::sqlite::SqliteStore;
 
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
@@ -60,13 +61,19 @@ impl entrega_http::api::AfterPublish for InlineFanOut {
 /// Fan a committed event out, then mark its outbox row. Marked only after its
 /// deliveries are queued: a crash between the two replays the fan-out, which is
 /// idempotent.
+///
+/// Its writes are [`replayable`]: the outbox row is already durable, so they commit
+/// without waiting for the disk (see there for why that loses nothing).
 async fn fan_out_committed(
     services: &Services,
     store: &SqliteStore,
     event: &entrega_core::event::Event,
 ) -> Result<(), StoreError> {
-    fan_out(services, event).await?;
-    store.mark_fanned_out(event).await
+    replayable(async {
+        fan_out(services, event).await?;
+        store.mark_fanned_out(event).await
+    })
+    .await
 }
 
 /// How old an outbox row must be before the poller takes it: younger ones are being

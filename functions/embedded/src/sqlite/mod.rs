@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use entrega_core::ports::{Clock, StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension};
 
-pub use db::{Durability, SqliteDb};
+pub use db::{replayable, Durability, SqliteDb};
 
 /// The share of `--max-db-size-mb` new events may fill; the rest is headroom for the
 /// deliveries, attempts and queue rows of what was already accepted.
