@@ -155,12 +155,19 @@ pub fn complete<R: Rng + ?Sized>(
     let mut actions = vec![Action::RecordAttempt(attempt)];
 
     if report.result.status() == Some(GONE) {
+        actions.push(Action::DisableEndpoint);
+        if mode == DeliveryMode::AtMostOnce {
+            // Sent once already, so re-enabling must not send it again: waiting paused
+            // would wait forever (a resumed at-most-once delivery with an attempt is
+            // never started again). It ends here, on the failures list, where a
+            // person sees it.
+            return give_up(next, actions, FailureReason::AtMostOnce, now);
+        }
         // The receiver says the URL is gone for good, which is no failure of this
         // delivery: it waits, paused, and the endpoint is disabled for a human to
         // decide (re-enabling sends it).
         next.state = DeliveryState::Paused;
         next.next_attempt_at = None;
-        actions.push(Action::DisableEndpoint);
         return Step {
             delivery: next,
             actions,

@@ -274,8 +274,9 @@ fn transport_errors_are_logged_with_their_kind() {
 }
 
 #[test]
-fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint_in_both_modes() {
-    for mode in [DeliveryMode::AtLeastOnce, DeliveryMode::AtMostOnce] {
+fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint() {
+    {
+        let mode = DeliveryMode::AtLeastOnce;
         let p = policy(RetryPreset::Standard);
         let d = started(&fresh(), mode, &p, t0());
         let step = complete(
@@ -300,6 +301,28 @@ fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint_in_both_
         );
         assert!(!step.sends());
     }
+}
+
+/// At most once, a 410 is the one attempt: the delivery fails (and is on the failures
+/// list) instead of waiting paused for an enable that could never send it again.
+#[test]
+fn gone_ends_an_at_most_once_delivery_as_failed_and_disables_the_endpoint() {
+    let mode = DeliveryMode::AtMostOnce;
+    let p = policy(RetryPreset::Standard);
+    let d = started(&fresh(), mode, &p, t0());
+    let step = complete(
+        &d,
+        &status(410, None),
+        mode,
+        &p,
+        t0(),
+        &mut StdRng::seed_from_u64(1),
+    );
+    assert_eq!(step.delivery.state, DeliveryState::Failed);
+    assert_eq!(step.attempts()[0].status_code, Some(410));
+    assert!(step.actions.contains(&Action::DisableEndpoint));
+    assert_eq!(failure_reason(&step), Some(FailureReason::AtMostOnce));
+    assert!(!step.sends());
 }
 
 #[test]

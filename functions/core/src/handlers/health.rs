@@ -150,6 +150,11 @@ async fn set_disabled(
         if current.disabled {
             return Ok(Some(false));
         }
+        if current.url != endpoint.url {
+            // The verdict is about a URL the endpoint no longer has: someone pointed it
+            // elsewhere while the attempt ran, and the new URL has not failed.
+            return Ok(None);
+        }
         current.disabled = true;
         current.disabled_reason = Some(reason.to_owned());
         current.updated_at = now;

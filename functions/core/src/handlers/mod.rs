@@ -70,3 +70,6 @@ mod tests {
 
 #[cfg(test)]
 mod handler_tests;
+
+#[cfg(test)]
+mod race_tests;

@@ -82,27 +82,35 @@ async fn resume_batch(services: &Services, endpoint: &Endpoint) -> StoreResult<u
     if paused.is_empty() {
         return Ok(0);
     }
-    // Queue first, then mark pending: a crash in between leaves a paused delivery
-    // with a message (the worker starts it anyway), never a pending one without.
-    let messages = paused
-        .iter()
-        .map(|d| DeliveryTask::for_delivery(d).message(endpoint.max_concurrency, Duration::ZERO))
-        .collect();
-    services.deliveries.send(messages).await?;
+    // Mark pending first, then queue. The other order raced with a quick disable: the
+    // worker took a message while its delivery still read paused, dropped it for the
+    // disabled endpoint, and the resume then wrote "pending" — a pending delivery with
+    // no message, which the next enable does not resume (it looks for paused ones).
+    // Now the worker always sees "pending" and pauses it again, so the next enable
+    // finds it. A crash (or a failed send) in between leaves pending deliveries
+    // without a message, which the sweeper queues again.
     let now = services.clock.now();
-    let mut moved = 0;
+    let mut moved = Vec::new();
     for delivery in paused {
         let mut next = delivery;
         next.state = DeliveryState::Pending;
         next.next_attempt_at = Some(now);
         next.updated_at = now;
         match services.store.save_delivery(&next, &[]).await {
-            Ok(_) => moved += 1,
+            Ok(saved) => moved.push(saved),
             // The worker got there first: it is no longer ours to move.
             Err(StoreError::Conflict(_)) => {}
             Err(e) => return Err(e),
         }
     }
+    let messages: Vec<_> = moved
+        .iter()
+        .map(|d| DeliveryTask::for_delivery(d).message(endpoint.max_concurrency, Duration::ZERO))
+        .collect();
+    if !messages.is_empty() {
+        services.deliveries.send(messages).await?;
+    }
+    let moved = moved.len();
     if moved > 0 {
         services
             .backlog

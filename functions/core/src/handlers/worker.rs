@@ -23,6 +23,9 @@ use super::webhook::signed_request;
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// When a concurrent write beat ours, look at the delivery again this much later.
 pub const CONFLICT_BACKOFF: Duration = Duration::from_secs(2);
+/// A resend's message seen before the resend wrote its generation: look again this
+/// much later (the write follows the send at once).
+pub const RESEND_WRITE_RECHECK: Duration = Duration::from_millis(100);
 /// Every slot of the endpoint is taken: the message is hidden for this on its first
 /// receive, doubling per receive ([`super::backoff`]). The slots free up as attempts
 /// finish; the doubling keeps a deep backlog behind one slow endpoint from asking for
@@ -171,7 +174,9 @@ async fn screen(
             .and_then(chrono::DateTime::from_timestamp_millis)
             .unwrap_or(delivery.updated_at);
         if now - queued < super::resend::FUTURE_GENERATION_GRACE {
-            return Ok(Some(Disposition::RetryIn(CONFLICT_BACKOFF)));
+            // The write is normally a moment behind: look again soon, so "try now"
+            // is not two seconds late (SQS rounds this up to its one second).
+            return Ok(Some(Disposition::RetryIn(RESEND_WRITE_RECHECK)));
         }
         return Ok(Some(Disposition::Done));
     }

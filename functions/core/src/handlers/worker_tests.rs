@@ -373,7 +373,7 @@ async fn a_resend_of_an_old_delivery_seen_before_its_write_waits_for_it() {
     // The worker runs between the resend's send and its write.
     assert_eq!(
         handle_delivery(&c.world.services, &body, 1).await.unwrap(),
-        Disposition::RetryIn(CONFLICT_BACKOFF),
+        Disposition::RetryIn(RESEND_WRITE_RECHECK),
         "kept for the write, not dropped"
     );
     c.world

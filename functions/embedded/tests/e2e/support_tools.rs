@@ -371,3 +371,113 @@ async fn the_api_rate_limit_answers_429_with_retry_after() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(acme.get("/v1/endpoints").await.0, 200, "the bucket refills");
 }
+
+/// A batch that meets a delivery whose endpoint was deleted lists it and goes on; the
+/// Idempotency-Key holds for the whole batch (it used to stop with a 409 after
+/// resending the rows before it, free its key, and resend them again on repeat).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_resend_skips_deliveries_of_a_deleted_endpoint_and_resends_the_rest_once() {
+    let dir = TempDir::new("batch-deleted");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/kept")})).await;
+    let gone = acme.endpoint(json!({"url": receiver.url("/gone")})).await;
+    let since = chrono::Utc::now() - chrono::Duration::seconds(5);
+    let mut events = Vec::new();
+    for n in 0..3 {
+        events.push(acme.publish("order.shipped", json!({ "n": n })).await);
+    }
+    eventually(Duration::from_secs(30), "6 delivered", || async {
+        (receiver.count() == 6).then_some(())
+    })
+    .await;
+    let (status, _) = acme
+        .call(
+            "DELETE",
+            &format!("/v1/endpoints/{}", gone["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+
+    let until = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let window = json!({"since": since.to_rfc3339(), "until": until.to_rfc3339()});
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let response = acme
+            .client
+            .post(format!("{}/v1/deliveries/resend", acme.base))
+            .bearer_auth(&acme.key)
+            .header("Idempotency-Key", "window-1")
+            .json(&window)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        answers.push(response.json::<serde_json::Value>().await.unwrap());
+    }
+    assert_eq!(answers[0], answers[1], "the same answer under the same key");
+    assert_eq!(answers[0]["queued"], 3, "{}", answers[0]);
+    assert_eq!(answers[0]["endpoint_deleted"].as_array().unwrap().len(), 3);
+    eventually(Duration::from_secs(30), "3 resent", || async {
+        (receiver.count() == 9).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.count(), 9, "nothing resent twice");
+    let resent: Vec<_> = receiver.got()[6..].iter().map(|r| r.path.clone()).collect();
+    assert!(resent.iter().all(|p| p == "/kept"), "{resent:?}");
+
+    // By ids: the same, one of each.
+    let deliveries = acme.deliveries_of(&events[0]).await;
+    let ids: Vec<_> = deliveries.iter().map(|d| d["id"].clone()).collect();
+    let (status, answer) = acme
+        .post("/v1/deliveries/resend", json!({ "ids": ids }))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["queued"], 1, "{answer}");
+    assert_eq!(answer["endpoint_deleted"].as_array().unwrap().len(), 1);
+}
+
+/// Input the hostile test found accepted: an admin's event or endpoint for a tenant
+/// nobody created, and an acknowledgement note with a NUL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_made_up_tenant_and_a_control_character_in_a_note_are_refused() {
+    let dir = TempDir::new("refused");
+    let server = Server::start(&dir);
+    let admin = server.admin();
+    let nobody = "ten_00000000000000000000000000000000";
+    for (path, body) in [
+        (
+            "/v1/events",
+            json!({"tenant_id": nobody, "type": "a.b", "data": {}}),
+        ),
+        (
+            "/v1/endpoints",
+            json!({"tenant_id": nobody, "url": "https://example.com/"}),
+        ),
+    ] {
+        let (status, problem) = admin.post(path, body).await;
+        assert_eq!(status, 422, "{path}: {problem}");
+        assert_eq!(problem["field"], "tenant_id", "{problem}");
+    }
+    let (_, acme) = admin.tenant("Acme").await;
+    let receiver = Receiver::answering(500).await;
+    acme.endpoint(json!({"url": receiver.url("/"), "retry": "none"}))
+        .await;
+    acme.publish("a.b", json!({})).await;
+    let failure = eventually(Duration::from_secs(30), "a failure", || async {
+        let (_, page) = acme.get("/v1/failures").await;
+        page["data"][0]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    let ack = format!("/v1/failures/{failure}/ack");
+    let (status, problem) = acme.post(&ack, json!({"note": "fixed\u{0}"})).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["field"], "note");
+    let (status, acked) = acme
+        .post(&ack, json!({"note": "fixed the receiver\nand resent"}))
+        .await;
+    assert_eq!(status, 200, "{acked}");
+}

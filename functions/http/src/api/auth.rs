@@ -86,6 +86,20 @@ impl Caller {
     }
 
     /// The tenant a new resource belongs to: the caller's own; an admin must name one.
+    /// [`Self::owning_tenant`], and for the admin, a tenant that exists: an event or
+    /// endpoint of a tenant nobody created would be accepted and never seen again.
+    pub async fn owning_existing_tenant(
+        &self,
+        state: &AppState,
+        asked: Option<TenantId>,
+    ) -> ApiResult<TenantId> {
+        let tenant = self.owning_tenant(asked)?;
+        if self.is_admin() && state.services.store.get_tenant(&tenant).await?.is_none() {
+            return Err(ApiError::invalid("tenant_id", "no such tenant"));
+        }
+        Ok(tenant)
+    }
+
     pub fn owning_tenant(&self, asked: Option<TenantId>) -> ApiResult<TenantId> {
         match (&self.principal, asked) {
             (Principal::Tenant(own), None) => Ok(own.clone()),

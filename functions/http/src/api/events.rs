@@ -59,7 +59,9 @@ pub(super) async fn publish(
     caller: Caller,
     JsonBody(body): JsonBody<PublishEvent>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
-    let tenant_id = caller.owning_tenant(body.tenant_id)?;
+    let tenant_id = caller
+        .owning_existing_tenant(&state, body.tenant_id)
+        .await?;
     validate_event_type(&body.event_type).map_err(|e| ApiError::invalid("type", e))?;
     if is_operational(&body.event_type.to_ascii_lowercase()) {
         return Err(ApiError::invalid(

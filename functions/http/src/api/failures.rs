@@ -129,6 +129,16 @@ pub(super) async fn ack_failure(
             format!("at most {MAX_NOTE_LEN} bytes"),
         ));
     }
+    // Line breaks are part of a note; other control and hidden characters are not.
+    if !note
+        .split(['\n', '\r', '\t'])
+        .all(super::extract::is_plain_text)
+    {
+        return Err(ApiError::invalid(
+            "note",
+            "must not hold control or hidden characters (line breaks and tabs are fine)",
+        ));
+    }
     let failure = load_failure(&state, &caller, &id).await?;
     let acked = state
         .services

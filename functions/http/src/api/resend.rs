@@ -152,21 +152,22 @@ pub(super) async fn resend_batch(
             ));
         }
     }
-    let answer = match &body.ids {
-        Some(ids) => by_ids(&state, &caller, ids, &body).await,
-        None => by_window(&state, &caller, &body).await,
+    let mut answer = BatchResent::default();
+    let done = match &body.ids {
+        Some(ids) => by_ids(&state, &caller, ids, &body, &mut answer).await,
+        None => by_window(&state, &caller, &body, &mut answer).await,
     };
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(e) => {
-            // A refused or failed request resent nothing worth remembering: free its
-            // key so the corrected request can use it at once.
-            if let Some(key) = &remembered {
-                store.forget(&format!("{key}#claim")).await?;
-            }
-            return Err(e);
+    if let Err(e) = done {
+        // A refused request, or one that failed before resending anything, leaves
+        // nothing to remember: free its key so the corrected request can use it at
+        // once. One that failed part-way keeps its claim until the claim expires, so
+        // repeating it under the same key cannot resend the first part again.
+        if let Some(key) = remembered.as_ref().filter(|_| answer.queued == 0) {
+            store.forget(&format!("{key}#claim")).await?;
         }
-    };
+        return Err(e);
+    }
+    let answer = answer;
     if let Some(key) = &remembered {
         store
             .remember_once(
@@ -208,12 +209,29 @@ fn key_reused() -> ApiError {
     )
 }
 
+/// Resend `delivery` as part of a batch, counting it in `answer`; a delivery whose
+/// endpoint was deleted is listed and skipped, not an error for the whole batch.
+async fn resend_in_batch(
+    state: &AppState,
+    caller: &Caller,
+    delivery: &Delivery,
+    answer: &mut BatchResent,
+) -> ApiResult<()> {
+    match resend_delivery(&state.services, delivery, &caller.label()).await {
+        Ok(_) => answer.queued += 1,
+        Err(ResendError::EndpointGone) => answer.endpoint_deleted.push(delivery.id.to_string()),
+        Err(ResendError::Store(e)) => return Err(e.into()),
+    }
+    Ok(())
+}
+
 async fn by_ids(
     state: &AppState,
     caller: &Caller,
     ids: &[String],
     body: &BatchResend,
-) -> ApiResult<BatchResent> {
+    answer: &mut BatchResent,
+) -> ApiResult<()> {
     if body.endpoint_id.is_some()
         || body.tenant_id.is_some()
         || body.event_type.is_some()
@@ -232,8 +250,6 @@ async fn by_ids(
             format!("1 to {MAX_BATCH} delivery ids"),
         ));
     }
-    let mut queued = 0;
-    let mut not_found = Vec::new();
     // The same id twice is one resend: a second would only supersede the first.
     let mut seen = std::collections::HashSet::new();
     for raw in ids.iter().filter(|raw| seen.insert(raw.as_str())) {
@@ -247,25 +263,19 @@ async fn by_ids(
             Err(_) => None,
         };
         match found {
-            Some(d) => {
-                resend_one(state, caller, &d).await?;
-                queued += 1;
-            }
-            None => not_found.push(raw.clone()),
+            Some(d) => resend_in_batch(state, caller, &d, answer).await?,
+            None => answer.not_found.push(raw.clone()),
         }
     }
-    Ok(BatchResent {
-        queued: queued as u64,
-        not_found,
-        next_cursor: None,
-    })
+    Ok(())
 }
 
 async fn by_window(
     state: &AppState,
     caller: &Caller,
     body: &BatchResend,
-) -> ApiResult<BatchResent> {
+    answer: &mut BatchResent,
+) -> ApiResult<()> {
     let (Some(since), Some(until)) = (body.since, body.until) else {
         return Err(ApiError::invalid(
             "since",
@@ -291,23 +301,20 @@ async fn by_window(
         limit: PAGE,
         cursor: body.cursor.as_ref().map(ToString::to_string),
     };
-    let mut queued = 0;
+    let mut walked = 0;
     loop {
         let page = state.services.store.list_deliveries(&query).await?;
         for d in &page.data {
-            resend_one(state, caller, d).await?;
-            queued += 1;
+            resend_in_batch(state, caller, d, answer).await?;
         }
+        walked += page.data.len();
         query.cursor = page.next_cursor;
-        if query.cursor.is_none() || queued + PAGE > MAX_BATCH {
+        if query.cursor.is_none() || walked + PAGE > MAX_BATCH {
             break;
         }
     }
-    Ok(BatchResent {
-        queued: queued as u64,
-        not_found: Vec::new(),
-        next_cursor: query.cursor,
-    })
+    answer.next_cursor = query.cursor;
+    Ok(())
 }
 
 pub fn router() -> Router<AppState> {

@@ -326,13 +326,17 @@ impl<T: ToSchema> Page<T> {
 }
 
 /// The answer to a batch resend.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, ToSchema)]
 pub struct BatchResent {
     /// Deliveries queued by this request.
     pub queued: u64,
     /// Ids given that name no delivery this key may see.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_found: Vec<String>,
+    /// Deliveries left as they are because their endpoint was deleted (nothing could
+    /// send them); the rest of the batch goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoint_deleted: Vec<String>,
     /// Where to continue a filtered batch; null when done.
     pub next_cursor: Option<String>,
 }

@@ -49,6 +49,7 @@ async function tryNow(id, button, render) {
   try {
     const before = await get(path);
     const answer = await call("POST", "/v1/deliveries/resend", { ids: [id] }, newIdempotencyKey());
+    if (answer.endpoint_deleted?.length) throw new Error("its endpoint was deleted, so nothing can send it");
     if (answer.queued !== 1) throw new Error("the delivery was not found");
     notify("Queued; waiting for the attempt…");
     let attempted = false;

@@ -133,18 +133,21 @@ async function batchResend(filters, button, progressArea, caller) {
     const body = { since: scope.since, until: scope.until };
     for (const name of ["tenant_id", "endpoint_id", "status", "event_type"]) if (scope[name]) body[name] = scope[name];
     let queued = 0;
+    let skipped = 0;
     let cursor;
     let page = 0;
     do {
       const answer = await call("POST", "/v1/deliveries/resend", cursor ? { ...body, cursor } : body, `${key}-${page}`);
       queued += answer.queued;
+      skipped += answer.endpoint_deleted?.length || 0;
       cursor = answer.next_cursor;
       page += 1;
       bar.value = Math.min(queued, count);
       label.textContent = `Resending: ${queued} of ${what} queued…`;
     } while (cursor);
-    label.textContent = `Done: ${queued} deliveries queued again.`;
-    notify(`${queued} deliveries queued again.`);
+    const left = skipped ? ` ${skipped} left as they are: their endpoint was deleted.` : "";
+    label.textContent = `Done: ${queued} deliveries queued again.${left}`;
+    notify(`${queued} deliveries queued again.${left}`);
   } catch (e) {
     label.textContent = `Stopped: ${e.message}`;
     notify(e.message, true);

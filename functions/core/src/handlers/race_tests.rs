@@ -1,0 +1,158 @@
+//! Races between a person's change and the background: a quick disable during a
+//! resume, and a 410 from a URL the endpoint no longer has. Each was found by a
+//! hostile test against the binary; here each is pinned on the in-memory world.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
+
+use super::health;
+use super::resume::{resume_step, ResumeTask};
+use super::task::DeliveryTask;
+use crate::delivery::DeliveryState;
+use crate::endpoint::Endpoint;
+use crate::ids::TenantId;
+use crate::memory::{MemoryQueue, World};
+use crate::ports::{
+    Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
+};
+
+async fn world_with_endpoint() -> (World, Endpoint) {
+    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 3);
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+        .await
+        .unwrap();
+    let endpoint = world
+        .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
+        .await
+        .unwrap();
+    (world, endpoint)
+}
+
+/// A delivery queue that notes, at each send, the state of the delivery each message
+/// names: what a worker taking the message at that instant would find.
+struct Witness {
+    inner: MemoryQueue,
+    world: Arc<World>,
+    seen: Mutex<Vec<DeliveryState>>,
+}
+
+#[async_trait]
+impl MessageQueue for Witness {
+    async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        for m in &messages {
+            if let Ok(task) = serde_json::from_str::<DeliveryTask>(&m.body) {
+                let d = self
+                    .world
+                    .services
+                    .store
+                    .get_delivery(&task.delivery_id)
+                    .await?;
+                self.seen.lock().unwrap().push(d.unwrap().state);
+            }
+        }
+        self.inner.send(messages).await
+    }
+    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
+        self.inner.receive(max, visibility).await
+    }
+    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
+        self.inner.change_visibility(receipt, delay).await
+    }
+    async fn delete(&self, receipt: &str) -> StoreResult<()> {
+        self.inner.delete(receipt).await
+    }
+    fn delay_limits(&self) -> DelayLimits {
+        self.inner.delay_limits()
+    }
+}
+
+/// A resume marks a delivery pending before its message exists. The other order lost
+/// deliveries to a quick disable: the worker dropped the message of a delivery still
+/// paused, then the resume wrote "pending", and no later enable looked at it again.
+#[tokio::test]
+async fn a_resumed_delivery_is_pending_before_its_message_is_sent() {
+    let (world, mut endpoint) = world_with_endpoint().await;
+    let world = Arc::new(world);
+    let store = &world.services.store;
+    endpoint.disabled = true;
+    endpoint = store.update_endpoint(&endpoint).await.unwrap();
+    let event = crate::event::Event {
+        id: crate::ids::EventId::generate(),
+        tenant_id: endpoint.tenant_id.clone(),
+        event_type: "lead.created".into(),
+        payload: "{}".into(),
+        created_at: world.clock.now(),
+    };
+    store.publish(&event).await.unwrap();
+    super::fanout::fan_out(&world.services, &event)
+        .await
+        .unwrap();
+    let delivery = store
+        .deliveries_of_event(&event.tenant_id, &event.id)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(delivery.state, DeliveryState::Paused);
+
+    endpoint.disabled = false;
+    store.update_endpoint(&endpoint).await.unwrap();
+    let witness = Arc::new(Witness {
+        inner: world.deliveries.clone(),
+        world: world.clone(),
+        seen: Mutex::new(Vec::new()),
+    });
+    let mut services = world.services.clone();
+    services.deliveries = witness.clone();
+    let task = ResumeTask {
+        resume_endpoint: endpoint.id.clone(),
+        tenant_id: endpoint.tenant_id.clone(),
+    };
+    assert_eq!(resume_step(&services, &task).await.unwrap(), 1);
+    assert_eq!(*witness.seen.lock().unwrap(), [DeliveryState::Pending]);
+}
+
+/// A 410 is about the URL that answered it: if the endpoint was pointed elsewhere
+/// while the attempt ran, the new URL is not disabled for it.
+#[tokio::test]
+async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
+    let (world, attempted) = world_with_endpoint().await;
+    let store = &world.services.store;
+    let mut moved = attempted.clone();
+    moved.url = "https://new.acme.example/".into();
+    store.update_endpoint(&moved).await.unwrap();
+
+    let now = world.clock.now();
+    health::disable(
+        &world.services,
+        &attempted,
+        "the receiver answered 410 Gone",
+        now,
+    )
+    .await
+    .unwrap();
+    let current = store.get_endpoint(&attempted.id).await.unwrap().unwrap();
+    assert!(!current.disabled, "the new URL has not failed");
+    assert!(world.notices.notices().is_empty(), "nobody is told of it");
+
+    // The same verdict on the URL it has now does disable it.
+    health::disable(
+        &world.services,
+        &current,
+        "the receiver answered 410 Gone",
+        now,
+    )
+    .await
+    .unwrap();
+    assert!(
+        store
+            .get_endpoint(&attempted.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .disabled
+    );
+}
