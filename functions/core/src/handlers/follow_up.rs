@@ -32,10 +32,10 @@ pub(super) async fn carry_out(
                 return Ok(Disposition::Done);
             }
             Action::DisableEndpoint => {
-                // Kept paused, not failed: a human decides whether the URL comes back.
+                // A human decides whether the URL comes back. What else the step says
+                // still follows: an at-most-once delivery's failure notice.
                 let why = "the receiver answered 410 Gone";
                 health::disable(services, endpoint, why, services.clock.now()).await?;
-                return Ok(Disposition::Done);
             }
             Action::RecordAttempt(_) | Action::Send => {}
         }

@@ -206,6 +206,23 @@ async fn gone_pauses_the_delivery_and_disables_the_endpoint_without_a_failure() 
     assert_eq!(c.world.transport.requests().len(), 1);
 }
 
+/// At most once, the 410 was the one attempt: the delivery fails and its failure
+/// notice goes out, beside the endpoint being disabled.
+#[tokio::test]
+async fn gone_at_most_once_fails_the_delivery_with_a_notice_and_disables_the_endpoint() {
+    let c = case(|e| e.mode = DeliveryMode::AtMostOnce).await;
+    c.world.transport.then([response(410)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
+    let endpoint = c.world.services.store.get_endpoint(&c.endpoint.id).await;
+    assert!(
+        endpoint.unwrap().unwrap().disabled,
+        "410 disables the endpoint"
+    );
+    assert!(!c.world.failures.is_empty(), "the failure handler is told");
+}
+
 #[tokio::test]
 async fn a_deleted_endpoint_ends_its_delivery_quietly() {
     let c = case(|_| {}).await;
