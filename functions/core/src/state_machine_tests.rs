@@ -273,51 +273,43 @@ fn transport_errors_are_logged_with_their_kind() {
     assert_eq!(a.failure_kind, Some(FailureKind::Timeout));
 }
 
-#[test]
-fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint() {
-    {
-        let mode = DeliveryMode::AtLeastOnce;
-        let p = policy(RetryPreset::Standard);
-        let d = started(&fresh(), mode, &p, t0());
-        let step = complete(
-            &d,
-            &status(410, None),
-            mode,
-            &p,
-            t0(),
-            &mut StdRng::seed_from_u64(1),
-        );
-        assert_eq!(step.delivery.state, DeliveryState::Paused, "{mode:?}");
-        assert_eq!(step.delivery.next_attempt_at, None);
-        assert_eq!(step.delivery.lease_until, None);
-        assert_eq!(step.delivery.last_status_code, Some(410));
-        assert_eq!(step.attempts().len(), 1);
-        assert_eq!(step.attempts()[0].status_code, Some(410));
-        assert!(step.actions.contains(&Action::DisableEndpoint));
-        assert_eq!(
-            failure_reason(&step),
-            None,
-            "gone is no failure of the delivery"
-        );
-        assert!(!step.sends());
-    }
-}
-
-/// At most once, a 410 is the one attempt: the delivery fails (and is on the failures
-/// list) instead of waiting paused for an enable that could never send it again.
-#[test]
-fn gone_ends_an_at_most_once_delivery_as_failed_and_disables_the_endpoint() {
-    let mode = DeliveryMode::AtMostOnce;
+/// A started delivery of `mode` answered `410 Gone`.
+fn gone(mode: DeliveryMode) -> Step {
     let p = policy(RetryPreset::Standard);
     let d = started(&fresh(), mode, &p, t0());
-    let step = complete(
+    complete(
         &d,
         &status(410, None),
         mode,
         &p,
         t0(),
         &mut StdRng::seed_from_u64(1),
+    )
+}
+
+#[test]
+fn gone_pauses_the_delivery_keeps_the_attempt_and_disables_the_endpoint() {
+    let step = gone(DeliveryMode::AtLeastOnce);
+    assert_eq!(step.delivery.state, DeliveryState::Paused);
+    assert_eq!(step.delivery.next_attempt_at, None);
+    assert_eq!(step.delivery.lease_until, None);
+    assert_eq!(step.delivery.last_status_code, Some(410));
+    assert_eq!(step.attempts().len(), 1);
+    assert_eq!(step.attempts()[0].status_code, Some(410));
+    assert!(step.actions.contains(&Action::DisableEndpoint));
+    assert_eq!(
+        failure_reason(&step),
+        None,
+        "gone is no failure of the delivery"
     );
+    assert!(!step.sends());
+}
+
+/// At most once, a 410 is the one attempt: the delivery fails (and is on the failures
+/// list) instead of waiting paused for an enable that could never send it again.
+#[test]
+fn gone_ends_an_at_most_once_delivery_as_failed_and_disables_the_endpoint() {
+    let step = gone(DeliveryMode::AtMostOnce);
     assert_eq!(step.delivery.state, DeliveryState::Failed);
     assert_eq!(step.attempts()[0].status_code, Some(410));
     assert!(step.actions.contains(&Action::DisableEndpoint));
