@@ -85,7 +85,6 @@ impl Caller {
         }
     }
 
-    /// The tenant a new resource belongs to: the caller's own; an admin must name one.
     /// [`Self::owning_tenant`], and for the admin, a tenant that exists: an event or
     /// endpoint of a tenant nobody created would be accepted and never seen again.
     pub async fn owning_existing_tenant(
@@ -100,6 +99,7 @@ impl Caller {
         Ok(tenant)
     }
 
+    /// The tenant a new resource belongs to: the caller's own; an admin must name one.
     pub fn owning_tenant(&self, asked: Option<TenantId>) -> ApiResult<TenantId> {
         match (&self.principal, asked) {
             (Principal::Tenant(own), None) => Ok(own.clone()),

@@ -130,9 +130,9 @@ pub(super) async fn ack_failure(
         ));
     }
     // Line breaks are part of a note; other control and hidden characters are not.
-    if !note
-        .split(['\n', '\r', '\t'])
-        .all(super::extract::is_plain_text)
+    if note
+        .chars()
+        .any(|c| entrega_core::text::is_hidden_or_control(c) && !matches!(c, '\n' | '\r' | '\t'))
     {
         return Err(ApiError::invalid(
             "note",

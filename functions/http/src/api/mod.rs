@@ -19,7 +19,7 @@ pub mod views;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -135,6 +135,38 @@ async fn track_backend(State(state): State<AppState>, request: Request, next: Ne
     response
 }
 
+/// The policy of every answer that is not a console file: JSON and problems are never
+/// meant to be rendered, so nothing at all is allowed.
+const NOTHING_POLICY: &str = "default-src 'none'; frame-ancestors 'none'";
+
+/// Headers every answer carries, API and console alike: never framed, never
+/// content-sniffed, and (unless the route chose its own caching) never stored, since
+/// API answers hold tenants' payloads and secrets.
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    headers
+        .entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(NOTHING_POLICY));
+    headers.insert(
+        HeaderName::from_static("cross-origin-opener-policy"),
+        HeaderValue::from_static("same-origin"),
+    );
+    response
+}
+
 async fn no_route() -> ApiError {
     ApiError::not_found("route", "for this method and path")
 }
@@ -162,6 +194,6 @@ pub fn router(state: AppState) -> Router {
             track_backend,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(crate::console::security_headers))
+        .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
 }

@@ -167,7 +167,6 @@ pub(super) async fn resend_batch(
         }
         return Err(e);
     }
-    let answer = answer;
     if let Some(key) = &remembered {
         store
             .remember_once(

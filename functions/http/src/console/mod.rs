@@ -8,7 +8,7 @@
 //! `textContent`, never through HTML parsing (see `assets/dom.js`).
 
 use axum::extract::Path;
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -85,41 +85,6 @@ async fn asset(Path(name): Path<String>) -> Response {
         Some(a) => serve(a),
         None => ApiError::not_found("console file", &name).into_response(),
     }
-}
-
-/// The policy of every answer that is not a console file: JSON and problems are never
-/// meant to be rendered, so nothing at all is allowed.
-const NOTHING_POLICY: &str = "default-src 'none'; frame-ancestors 'none'";
-
-/// Headers every answer carries, API and console alike: never framed, never
-/// content-sniffed, and (unless the route chose its own caching) never stored, since
-/// API answers hold tenants' payloads and secrets.
-pub async fn security_headers(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let mut response = next.run(request).await;
-    let headers = response.headers_mut();
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    headers
-        .entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("no-store"));
-    headers
-        .entry(header::CONTENT_SECURITY_POLICY)
-        .or_insert(HeaderValue::from_static(NOTHING_POLICY));
-    headers.insert(
-        HeaderName::from_static("cross-origin-opener-policy"),
-        HeaderValue::from_static("same-origin"),
-    );
-    response
 }
 
 /// `/console` and its files.

@@ -76,6 +76,30 @@ export function select(name, options, selected) {
     all.map(([value, text]) => h("option", { value, selected: value === (selected || "") }, text)));
 }
 
+/** The admin's tenant filter (every tenant, or one); nothing for a tenant's key. */
+export function tenantField(caller, selected) {
+  if (!caller.admin) return null;
+  return field("Tenant", select("tenant_id",
+    [["", "Every tenant"], ...caller.tenants.map((t) => [t.id, t.name])], selected));
+}
+
+/**
+ * A filter form for the page at `#/<page>`: applying it puts its values in the
+ * address. Empty values are left out unless `keepEmpty` (where empty means something,
+ * as "All" does); `after` comes after the Apply button.
+ */
+export function filterForm(page, label, controls, { keepEmpty = false, after = [] } = {}) {
+  const form = h("form", { class: "filters", role: "search", "aria-label": label },
+    controls, h("button", { type: "submit", class: "primary" }, "Apply filters"), after);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v || keepEmpty) next.set(k, v);
+    location.hash = `#/${page}?${next}`;
+  });
+  return form;
+}
+
 /** A `<dialog>` asking `question`; resolves true when confirmed. */
 export function confirmDialog(question, confirmText) {
   return new Promise((resolve) => {

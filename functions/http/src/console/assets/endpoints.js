@@ -2,7 +2,7 @@
 // the event-type filter, and rotating the signing secret (shown once, to copy).
 
 import { get, call, query } from "./api.js";
-import { h, svg, show, statusText, time, field, select, notify } from "./dom.js";
+import { h, svg, show, statusText, time, field, notify, tenantField, filterForm } from "./dom.js";
 
 /** Endpoints per page: each card reads its own 24-hour figures. */
 const PAGE_SIZE = 20;
@@ -129,19 +129,9 @@ export async function endpointsPage(view, params, caller) {
   const stats = await Promise.all(page.data.map((e) =>
     get(`/v1/endpoints/${encodeURIComponent(e.id)}/stats`).catch(() => null)));
   const rerender = () => endpointsPage(view, params, caller);
-  const filters = [];
-  if (caller.admin) {
-    const form = h("form", { class: "filters", role: "search", "aria-label": "Filter endpoints" },
-      field("Tenant", select("tenant_id", [["", "Every tenant"], ...caller.tenants.map((t) => [t.id, t.name])], tenantId)),
-      h("button", { type: "submit", class: "primary" }, "Apply filters"));
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      const next = new URLSearchParams();
-      for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
-      location.hash = `#/endpoints?${next}`;
-    });
-    filters.push(form);
-  }
+  const filters = caller.admin
+    ? filterForm("endpoints", "Filter endpoints", [tenantField(caller, tenantId)])
+    : null;
   const next = new URLSearchParams(params);
   if (page.next_cursor) next.set("cursor", page.next_cursor);
   show(view,

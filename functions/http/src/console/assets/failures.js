@@ -2,7 +2,7 @@
 // the age of the oldest nobody has acknowledged (what the 24-hour rule pages about).
 
 import { get, call, query } from "./api.js";
-import { h, show, time, age, field, select, notify } from "./dom.js";
+import { h, show, time, age, field, select, notify, tenantField, filterForm } from "./dom.js";
 import { endpointsOf } from "./log.js";
 
 const PAGE_SIZE = 50;
@@ -92,21 +92,11 @@ export async function failuresPage(view, params, caller) {
     oldestUnacknowledged(tenantId),
     endpointsOf(tenantId),
   ]);
-  const controls = [];
-  if (caller.admin) {
-    controls.push(field("Tenant", select("tenant_id",
-      [["", "Every tenant"], ...caller.tenants.map((t) => [t.id, t.name])], tenantId)));
-  }
-  controls.push(field("Show", select("acknowledged",
-    [["false", "Unacknowledged"], ["true", "Acknowledged"], ["", "All"]], acknowledged)));
-  const form = h("form", { class: "filters", role: "search", "aria-label": "Filter failures" },
-    controls, h("button", { type: "submit", class: "primary" }, "Apply filters"));
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    const next = new URLSearchParams();
-    for (const [k, v] of new FormData(form)) next.set(k, v);
-    location.hash = `#/failures?${next}`;
-  });
+  const form = filterForm("failures", "Filter failures", [
+    tenantField(caller, tenantId),
+    field("Show", select("acknowledged",
+      [["false", "Unacknowledged"], ["true", "Acknowledged"], ["", "All"]], acknowledged)),
+  ], { keepEmpty: true });
   const rerender = () => failuresPage(view, params, caller);
   const next = new URLSearchParams(params);
   if (page.next_cursor) next.set("cursor", page.next_cursor);

@@ -2,7 +2,7 @@
 // everything the filters match.
 
 import { get, call, query, listed, newIdempotencyKey } from "./api.js";
-import { h, show, statusText, time, field, select, confirmDialog, notify } from "./dom.js";
+import { h, show, statusText, time, field, select, confirmDialog, notify, tenantField, filterForm } from "./dom.js";
 
 /** The API's page size limit. */
 const PAGE_SIZE = 50;
@@ -39,28 +39,17 @@ export async function endpointsOf(tenantId) {
   return new Map(rows.map((e) => [e.id, e]));
 }
 
-function filterForm(params, caller, endpoints) {
-  const controls = [];
-  if (caller.admin) {
-    controls.push(field("Tenant", select("tenant_id",
-      [["", "Every tenant"], ...caller.tenants.map((t) => [t.id, t.name])], params.get("tenant_id"))));
-  }
+function deliveryFilters(params, caller, endpoints) {
+  const controls = [tenantField(caller, params.get("tenant_id"))];
   controls.push(field("Endpoint", select("endpoint_id",
     [["", "Every endpoint"], ...[...endpoints.values()].map((e) => [e.id, e.url])], params.get("endpoint_id"))));
   controls.push(field("Status", select("status", STATUSES, params.get("status"))));
   controls.push(field("Event type", h("input", { name: "event_type", id: "f-event_type", value: params.get("event_type") || "" })));
   controls.push(field("Created from", h("input", { type: "datetime-local", name: "since", id: "f-since", value: params.get("since") || "" })));
   controls.push(field("Created before", h("input", { type: "datetime-local", name: "until", id: "f-until", value: params.get("until") || "" })));
-  const form = h("form", { class: "filters", role: "search", "aria-label": "Filter deliveries" },
-    controls, h("button", { type: "submit", class: "primary" }, "Apply filters"),
-    h("button", { type: "button", onclick: () => { location.hash = "#/deliveries"; } }, "Clear"));
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    const next = new URLSearchParams();
-    for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
-    location.hash = `#/deliveries?${next}`;
+  return filterForm("deliveries", "Filter deliveries", controls, {
+    after: h("button", { type: "button", onclick: () => { location.hash = "#/deliveries"; } }, "Clear"),
   });
-  return form;
 }
 
 function table(rows, endpoints) {
@@ -173,7 +162,7 @@ export async function deliveryLog(view, params, caller) {
   first.delete("cursor");
   show(view,
     h("h1", {}, "Delivery log"),
-    filterForm(params, caller, endpoints),
+    deliveryFilters(params, caller, endpoints),
     h("div", { class: "actions" }, resendButton, progressArea),
     table(page.data, endpoints),
     h("div", { class: "pager" },
