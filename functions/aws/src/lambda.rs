@@ -13,7 +13,11 @@ use entrega_runtime::Settlement;
 use futures_util::future::join_all;
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use crate::outbox::event_from_dynamo_json;
+use crate::send_buffer::SendBuffer;
+use crate::sqs::SEND_BATCH;
 
 /// One stream record as the outbox trigger needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,12 +45,29 @@ pub fn outbox_records(event: aws_lambda_events::event::dynamodb::Event) -> Vec<O
 /// The outbox trigger. Records are handled in order; on a failure the rest of the
 /// batch is reported from the failed record on (a stream is ordered: Lambda retries
 /// from that sequence number, and fan-out is idempotent for the ones replayed).
+///
+/// The records' delivery messages are held and sent ten to a call ([`SendBuffer`]):
+/// once at least ten are held, and at the end. A record counts as done only once its
+/// messages are sent, so a failed send reports the batch from the first record whose
+/// messages were held.
 pub async fn outbox_batch(
     services: &Services,
     quarantine: &dyn MessageQueue,
     records: Vec<OutboxRecord>,
 ) -> DynamoDbEventResponse {
+    let buffer = Arc::new(SendBuffer::new(services.deliveries.clone()));
+    let batched = Services {
+        deliveries: buffer.clone(),
+        ..services.clone()
+    };
     let mut response = DynamoDbEventResponse::default();
+    // The first record whose messages are held, not yet sent.
+    let mut unsent_from: Option<String> = None;
+    let fail_from = |response: &mut DynamoDbEventResponse, sequence: String| {
+        let mut failure = DynamoDbBatchItemFailure::default();
+        failure.item_identifier = Some(sequence);
+        response.batch_item_failures.push(failure);
+    };
     for record in records {
         // Only inserts are events; TTL removals and updates never trigger anything.
         if record.event_name != "INSERT" {
@@ -75,24 +96,58 @@ pub async fn outbox_batch(
                 };
                 if let Err(e) = quarantine.send(vec![message]).await {
                     tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
-                    let mut failure = DynamoDbBatchItemFailure::default();
-                    failure.item_identifier = Some(record.sequence_number);
-                    response.batch_item_failures.push(failure);
-                    break;
+                    let from = flushed_or(&buffer, &mut unsent_from, record.sequence_number).await;
+                    fail_from(&mut response, from);
+                    return response;
                 }
                 services.metrics.outbox_item_refused();
                 continue;
             }
         };
-        if let Err(e) = fan_out(services, &event).await {
+        if let Err(e) = fan_out(&batched, &event).await {
             tracing::error!(event_id = %event.id, error = %e, "fan-out failed; the batch resumes here");
-            let mut failure = DynamoDbBatchItemFailure::default();
-            failure.item_identifier = Some(record.sequence_number);
-            response.batch_item_failures.push(failure);
-            break;
+            let from = flushed_or(&buffer, &mut unsent_from, record.sequence_number).await;
+            fail_from(&mut response, from);
+            return response;
+        }
+        if buffer.held() > 0 && unsent_from.is_none() {
+            unsent_from = Some(record.sequence_number);
+        }
+        if buffer.held() >= SEND_BATCH {
+            if let Some(from) = flush(&buffer, &mut unsent_from).await {
+                fail_from(&mut response, from);
+                return response;
+            }
         }
     }
+    if let Some(from) = flush(&buffer, &mut unsent_from).await {
+        fail_from(&mut response, from);
+    }
     response
+}
+
+/// Send what the buffer holds; on a failure, the record to report the batch from.
+async fn flush(buffer: &SendBuffer, unsent_from: &mut Option<String>) -> Option<String> {
+    match buffer.flush().await {
+        Ok(()) => {
+            *unsent_from = None;
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "sending the batch's delivery messages failed; the batch resumes at the first record they came from");
+            unsent_from.take()
+        }
+    }
+}
+
+/// Record `failed` failed: send what the records before it queued, and report the
+/// batch from `failed`, or from an earlier record whose messages did not go out.
+async fn flushed_or(
+    buffer: &SendBuffer,
+    unsent_from: &mut Option<String>,
+    failed: String,
+) -> String {
+    flush(buffer, unsent_from).await.unwrap_or(failed)
 }
 
 /// The delivery worker over an SQS batch, every message at once: each endpoint's cap
@@ -212,3 +267,7 @@ fn receive_count(message: &SqsMessage) -> u32 {
 fn message_id(message: &SqsMessage) -> String {
     message.message_id.clone().unwrap_or_default()
 }
+
+#[cfg(test)]
+#[path = "lambda_tests.rs"]
+mod tests;

@@ -12,6 +12,7 @@ pub mod outbox;
 pub mod provision;
 pub mod resources;
 pub mod scheduler;
+pub mod send_buffer;
 pub mod sns;
 pub mod sqs;
 

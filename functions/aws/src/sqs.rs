@@ -12,7 +12,7 @@ use entrega_core::ports::{
 use crate::dynamo::backend;
 
 /// SQS sends at most 10 messages per batch call.
-const SEND_BATCH: usize = 10;
+pub const SEND_BATCH: usize = 10;
 /// SQS's longest send delay.
 pub const MAX_SEND_DELAY: Duration = Duration::from_secs(900);
 /// The longest retry wait spent as a hidden (in-flight) message. Short: with the

@@ -151,7 +151,7 @@ pub async fn event_ids_are_scoped_to_their_tenant(store: &dyn Store) {
 }
 
 /// A tenant, an endpoint of it and a delivery to it, not yet stored.
-async fn fresh_delivery(store: &dyn Store) -> (TenantId, Endpoint, Delivery) {
+async fn fresh_delivery(store: &dyn Store) -> (Event, Endpoint, Delivery) {
     let t = tenant(store).await;
     let endpoint = Endpoint::new(t.clone(), "https://hooks.example.com/", Utc::now());
     let event = Event {
@@ -163,7 +163,7 @@ async fn fresh_delivery(store: &dyn Store) -> (TenantId, Endpoint, Delivery) {
     };
     let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
     let fresh = Delivery::new(id, &event, endpoint.id.clone(), false, Utc::now());
-    (t, endpoint, fresh)
+    (event, endpoint, fresh)
 }
 
 /// Attempt `number` of `delivery` (generation 0), answered 200.
@@ -189,7 +189,7 @@ fn attempt(delivery: &Delivery, endpoint: &Endpoint, number: u32) -> Attempt {
 /// A delivery is created once (and says so), and a save that loses to a newer version
 /// still records its attempt without touching the delivery.
 pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) {
-    let (t, endpoint, fresh) = fresh_delivery(store).await;
+    let (event, endpoint, fresh) = fresh_delivery(store).await;
     let id = fresh.id.clone();
     let (_, created) = store.create_delivery_if_absent(&fresh).await.unwrap();
     assert!(created);
@@ -210,16 +210,28 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         unchanged.version, stored.version,
         "the delivery is untouched"
     );
-    let of_event = store
-        .deliveries_of_event(&t, &fresh.event_id)
-        .await
-        .unwrap();
+    let of_event = store.deliveries_of_event(&event).await.unwrap();
     assert_eq!(of_event.len(), 1);
-    assert!(store
-        .deliveries_of_event(&TenantId::generate(), &fresh.event_id)
-        .await
-        .unwrap()
-        .is_empty());
+    let elsewhere = Event {
+        tenant_id: TenantId::generate(),
+        ..event.clone()
+    };
+    assert!(
+        store
+            .deliveries_of_event(&elsewhere)
+            .await
+            .unwrap()
+            .is_empty(),
+        "event ids are scoped to their tenant"
+    );
+    let other = Event {
+        id: EventId::generate(),
+        ..event.clone()
+    };
+    assert!(
+        store.deliveries_of_event(&other).await.unwrap().is_empty(),
+        "another event of the same millisecond has none of them"
+    );
 }
 
 /// A remembered key can be forgotten (a claim whose request failed).

@@ -1,15 +1,18 @@
 //! Deliveries and attempts in DynamoDB.
 //!
-//! A delivery item is indexed four ways: by tenant, endpoint, day (the admin's
-//! all-tenants log) and event ([`keys`]); and, while it waits, by due time (the
-//! sweeper's index). Attempts live in the delivery's own
-//! partition, so "the row plus every attempt" is one Query.
+//! A delivery item is indexed three ways: by tenant, endpoint and day (the admin's
+//! all-tenants log) ([`keys`]); and, while it waits, by due time (the sweeper's
+//! index). An event's deliveries need no index of their own: their ids carry the
+//! event's creation time, so they are the tenant's log entries of that millisecond.
+//! Attempts live in the delivery's own partition, so "the row plus every attempt" is
+//! one Query.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration as ChronoDuration, TimeZone, Utc};
 use entrega_core::delivery::{Attempt, Delivery, DeliveryState};
 use entrega_core::event::format_timestamp;
-use entrega_core::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use entrega_core::event::Event;
+use entrega_core::ids::{DeliveryId, EndpointId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreResult};
 
 use super::*;
@@ -47,11 +50,6 @@ impl DynamoStore {
                 s(keys::sharded(&keys::day(d.id.timestamp_ms()), day_shard)),
             ),
             (keys::BY_KIND.sk.to_owned(), s(id)),
-            (
-                keys::BY_PARENT.pk.to_owned(),
-                s(keys::event_deliveries(&d.tenant_id, &d.event_id)),
-            ),
-            (keys::BY_PARENT.sk.to_owned(), s(id)),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
         // Only while it waits: the write that ends the wait takes it out of the index.
@@ -257,19 +255,31 @@ impl DeliveryStore for DynamoStore {
         Ok(Page::from_rows(data, q.limit, |d| d.id.to_string(), resume))
     }
 
-    async fn deliveries_of_event(
-        &self,
-        tenant: &TenantId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>> {
-        let items = self
-            .query_partition(
-                Some(keys::BY_PARENT),
-                keys::event_deliveries(tenant, id),
-                None,
-            )
-            .await?;
-        items.iter().map(from_json).collect()
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        // The tenant's log entries of the event's millisecond, every shard: a handful
+        // of keys (what the tenant published in that millisecond), read instead of an
+        // index entry written for every delivery.
+        let prefix = keys::delivery_ids_of_ms(event.created_at.timestamp_millis());
+        let mut found = Vec::new();
+        for pk in Partition::sharded(
+            keys::BY_TENANT,
+            keys::tenant_deliveries(&event.tenant_id),
+            keys::OWNER_SHARDS,
+        )
+        .keys()
+        {
+            for item in self
+                .query_partition(Some(keys::BY_TENANT), pk, Some(&prefix))
+                .await?
+            {
+                let d: Delivery = from_json(&item)?;
+                if d.event_id == event.id {
+                    found.push(d);
+                }
+            }
+        }
+        found.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        Ok(found)
     }
 
     async fn endpoint_attempts_since(

@@ -10,7 +10,7 @@
 use chrono::{TimeZone, Utc};
 use entrega_core::delivery::Attempt;
 use entrega_core::event::format_timestamp;
-use entrega_core::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use entrega_core::ids::{DeliveryId, EndpointId, FailureId, TenantId};
 
 /// One GSI: its name and key attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub const BY_KIND: Gsi = Gsi {
     pk: "gsi3pk",
     sk: "gsi3sk",
 };
-/// By parent: an event's deliveries, a delivery's failures.
+/// By parent: a delivery's failures.
 pub const BY_PARENT: Gsi = Gsi {
     name: "gsi4",
     pk: "gsi4pk",
@@ -222,12 +222,14 @@ pub fn day_floor(day_pk: &str) -> String {
         .and_then(|d| chrono::NaiveDate::parse_from_str(d, DAY_FORMAT).ok())
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .map_or(0, |t| t.and_utc().timestamp_millis());
-    format!("{}{start:012x}{}", DeliveryId::PREFIX, "0".repeat(20))
+    format!("{}{}", delivery_ids_of_ms(start), "0".repeat(20))
 }
 
-/// [`BY_PARENT`]: one event's deliveries (event ids are scoped to their tenant).
-pub fn event_deliveries(tenant: &TenantId, event: &EventId) -> String {
-    format!("EV#{tenant}#{event}")
+/// The start every delivery id made in millisecond `ms` shares (the id's time part):
+/// an event's deliveries all carry its creation time, so they are the ids of its
+/// tenant's log that start with this and belong to the event.
+pub fn delivery_ids_of_ms(ms: i64) -> String {
+    format!("{}{:012x}", DeliveryId::PREFIX, ms.max(0))
 }
 
 /// [`BY_PARENT`]: one delivery's failure records.
@@ -258,5 +260,10 @@ mod tests {
             "the floor is below the day's ids"
         );
         assert!(floor.parse::<DeliveryId>().is_ok(), "and a valid cursor");
+        assert!(
+            id.as_str()
+                .starts_with(&delivery_ids_of_ms(id.timestamp_ms())),
+            "an id starts with its millisecond's prefix"
+        );
     }
 }

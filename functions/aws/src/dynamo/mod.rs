@@ -30,7 +30,7 @@
 //! | an endpoint's delivery log, paused deliveries | gsi2 `E#<endpoint>#<0..3>` | same |
 //! | an endpoint's attempts since (stats) | gsi2 `EA#<endpoint>#<0..3>`, `sk` = time | same |
 //! | every tenant's log (admin) | gsi3 `D#<day>#<0..15>` | same, day by day |
-//! | an event's deliveries | gsi4 `EV#<tenant>#<event>` | Query + BatchGet |
+//! | an event's deliveries | gsi1 `T#<tenant>#<0..3>`, `sk` starting with the event's millisecond (delivery ids carry it) | Query each shard + BatchGet, keep the event's |
 //! | failure by id, acknowledge | main `FAIL#<id>` | Get; Update conditional on the record read |
 //! | a tenant's / all failures | gsi1 `TF#<tenant>` / gsi3 `ALL_FAIL` | Query + BatchGet |
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |

@@ -105,7 +105,7 @@ async fn a_committed_transaction_is_delivered_and_a_cancelled_one_is_not() {
     );
     assert!(
         s.store
-            .deliveries_of_event(&cancelled.tenant_id, &cancelled.id)
+            .deliveries_of_event(&cancelled)
             .await
             .unwrap()
             .is_empty(),
@@ -461,7 +461,7 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
     );
     assert_eq!(replay_all().await, (3, 1), "a second replay finds the same");
     for e in &recent {
-        let made = s.store.deliveries_of_event(&tenant, &e.id).await.unwrap();
+        let made = s.store.deliveries_of_event(e).await.unwrap();
         assert_eq!(
             made.len(),
             1,
@@ -469,12 +469,7 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
         );
         assert_eq!(made[0].endpoint_id, ep.id);
     }
-    assert!(s
-        .store
-        .deliveries_of_event(&tenant, &old.id)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(s.store.deliveries_of_event(&old).await.unwrap().is_empty());
 
     // The replayed deliveries go out, once each (the stream, read now, finds them made).
     stack.start_pollers();

@@ -59,7 +59,7 @@ async fn deliveries(world: &World, event: &Event) -> Vec<Delivery> {
     world
         .services
         .store
-        .deliveries_of_event(&event.tenant_id, &event.id)
+        .deliveries_of_event(&event)
         .await
         .unwrap()
 }

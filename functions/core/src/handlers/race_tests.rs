@@ -91,11 +91,7 @@ async fn a_resumed_delivery_is_pending_before_its_message_is_sent() {
     super::fanout::fan_out(&world.services, &event)
         .await
         .unwrap();
-    let delivery = store
-        .deliveries_of_event(&event.tenant_id, &event.id)
-        .await
-        .unwrap()
-        .remove(0);
+    let delivery = store.deliveries_of_event(&event).await.unwrap().remove(0);
     assert_eq!(delivery.state, DeliveryState::Paused);
 
     endpoint.disabled = false;

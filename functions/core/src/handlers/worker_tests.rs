@@ -60,7 +60,7 @@ impl Case {
             .world
             .services
             .store
-            .deliveries_of_event(&event.tenant_id, &event.id)
+            .deliveries_of_event(&event)
             .await
             .unwrap();
         assert_eq!(deliveries.len(), 1);

@@ -5,8 +5,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::delivery::{Attempt, Delivery, DeliveryState};
+use crate::event::Event;
 use crate::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
-use crate::ids::{DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use crate::ids::{DeliveryId, EndpointId, FailureId};
 use crate::ports::{DeliveryQuery, DeliveryStore, FailureStore, Page, StoreError, StoreResult};
 
 use super::store::{page_desc, MemoryStore};
@@ -89,15 +90,11 @@ impl DeliveryStore for MemoryStore {
         }))
     }
 
-    async fn deliveries_of_event(
-        &self,
-        tenant: &TenantId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
         let data = self.data();
         let mut found: Vec<Delivery> = data
             .deliveries_by_event
-            .get(&(tenant.to_string(), id.to_string()))
+            .get(&(event.tenant_id.to_string(), event.id.to_string()))
             .into_iter()
             .flatten()
             .filter_map(|d| data.deliveries.get(d).cloned())

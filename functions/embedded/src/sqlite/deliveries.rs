@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Attempt, Delivery};
-use entrega_core::ids::{DeliveryId, EndpointId, EventId, TenantId};
+use entrega_core::event::Event;
+use entrega_core::ids::{DeliveryId, EndpointId};
 use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
@@ -166,12 +167,8 @@ impl DeliveryStore for SqliteStore {
             .await
     }
 
-    async fn deliveries_of_event(
-        &self,
-        tenant: &TenantId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>> {
-        let (tenant, id) = (tenant.to_string(), id.to_string());
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        let (tenant, id) = (event.tenant_id.to_string(), event.id.to_string());
         self.db
             .read(move |conn| {
                 read_many(

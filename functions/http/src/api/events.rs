@@ -144,11 +144,7 @@ pub(super) async fn get_event(
     let Some(event) = state.services.store.get_event(&tenant, &event_id).await? else {
         return Err(not_found());
     };
-    let deliveries = state
-        .services
-        .store
-        .deliveries_of_event(&event.tenant_id, &event.id)
-        .await?;
+    let deliveries = state.services.store.deliveries_of_event(&event).await?;
     Ok(Json(EventView::new(&event, &deliveries)))
 }
 

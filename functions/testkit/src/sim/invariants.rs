@@ -19,7 +19,7 @@ impl Sim {
                 self.world
                     .services
                     .store
-                    .deliveries_of_event(&event.tenant_id, &event.id)
+                    .deliveries_of_event(&event)
                     .await
                     .unwrap(),
             );

@@ -96,10 +96,7 @@ pub async fn latencies_ms(sim: &Sim, events: &[entrega_core::event::Event]) -> V
     let mut all = Vec::new();
     for e in events {
         let store = &sim.world.services.store;
-        let deliveries = store
-            .deliveries_of_event(&e.tenant_id, &e.id)
-            .await
-            .unwrap();
+        let deliveries = store.deliveries_of_event(e).await.unwrap();
         let delivered = deliveries[0].delivered_at.expect("every event delivered");
         all.push((delivered - e.created_at).num_milliseconds());
     }

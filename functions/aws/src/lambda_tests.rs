@@ -1,0 +1,169 @@
+//! The outbox trigger's batching of delivery messages, on the in-memory world.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
+use entrega_core::event::{format_timestamp, Event};
+use entrega_core::ids::{EventId, TenantId};
+use entrega_core::memory::World;
+use entrega_core::ports::{
+    Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
+};
+use serde_json::json;
+
+use super::*;
+
+/// The delivery queue, counting send calls and refusing them when told.
+struct Counted {
+    queue: Arc<dyn MessageQueue>,
+    calls: AtomicUsize,
+    /// Send calls from this one on (1-based) fail.
+    refuse_from: AtomicUsize,
+}
+
+#[async_trait]
+impl MessageQueue for Counted {
+    async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if call >= self.refuse_from.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("queue unavailable".into()));
+        }
+        self.queue.send(messages).await
+    }
+    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
+        self.queue.receive(max, visibility).await
+    }
+    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
+        self.queue.change_visibility(receipt, delay).await
+    }
+    async fn delete(&self, receipt: &str) -> StoreResult<()> {
+        self.queue.delete(receipt).await
+    }
+    fn delay_limits(&self) -> DelayLimits {
+        self.queue.delay_limits()
+    }
+}
+
+/// A world with one tenant, one endpoint and `n` published events, their stream
+/// records numbered 1..=n, and the counted queue in the services.
+async fn published(n: usize) -> (World, Arc<Counted>, Vec<Event>, Vec<OutboxRecord>) {
+    let mut world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 3);
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+        .await
+        .unwrap();
+    world
+        .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
+        .await
+        .unwrap();
+    let counted = Arc::new(Counted {
+        queue: world.services.deliveries.clone(),
+        calls: AtomicUsize::new(0),
+        refuse_from: AtomicUsize::new(usize::MAX),
+    });
+    world.services.deliveries = counted.clone();
+    let mut events = Vec::new();
+    let mut records = Vec::new();
+    for i in 1..=n {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: tenant.clone(),
+            event_type: "invoice.paid".into(),
+            payload: "{}".into(),
+            created_at: world.clock.now(),
+        };
+        world.services.store.publish(&event).await.unwrap();
+        records.push(OutboxRecord {
+            sequence_number: format!("{i:03}"),
+            event_name: "INSERT".into(),
+            new_image: json!({
+                "pk": {"S": event.id.as_str()}, "tenant_id": {"S": tenant.as_str()},
+                "type": {"S": "invoice.paid"}, "payload": {"S": "{}"},
+                "created_at": {"S": format_timestamp(event.created_at)}
+            }),
+        });
+        events.push(event);
+    }
+    (world, counted, events, records)
+}
+
+fn quarantine(world: &World) -> Arc<dyn MessageQueue> {
+    world.services.failures.clone()
+}
+
+#[tokio::test]
+async fn a_batchs_messages_go_ten_to_a_send() {
+    let (world, counted, events, records) = published(23).await;
+    let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(
+        counted.calls.load(Ordering::SeqCst),
+        3,
+        "23 messages in three sends (10, 10, 3), not 23"
+    );
+    assert_eq!(world.deliveries.len(), 23, "every event's message queued");
+    for event in &events {
+        assert_eq!(
+            world
+                .services
+                .store
+                .deliveries_of_event(event)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_send_replays_from_the_first_record_it_held() {
+    let (world, counted, events, records) = published(13).await;
+    // The first send (records 1..=10) goes out; the second (11..=13) fails.
+    counted.refuse_from.store(2, Ordering::SeqCst);
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        records.clone(),
+    )
+    .await;
+    let failures: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone().unwrap())
+        .collect();
+    assert_eq!(
+        failures,
+        ["011"],
+        "Lambda replays from the first record whose message was not sent"
+    );
+    assert_eq!(world.deliveries.len(), 10, "the first ten were sent");
+
+    // Lambda's retry from record 11: the fan-out finds those deliveries never
+    // attempted and queues them again; nothing is made twice.
+    counted.refuse_from.store(usize::MAX, Ordering::SeqCst);
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        records[10..].to_vec(),
+    )
+    .await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(
+        world.deliveries.len(),
+        13,
+        "each event's message queued once"
+    );
+    for event in &events {
+        let made = world
+            .services
+            .store
+            .deliveries_of_event(event)
+            .await
+            .unwrap();
+        assert_eq!(made.len(), 1, "one delivery per event");
+    }
+}
