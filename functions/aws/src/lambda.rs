@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
+use crate::batch_buffers::{BacklogBuffer, SendBuffer};
 use crate::outbox::event_from_dynamo_json;
-use crate::send_buffer::SendBuffer;
 use crate::sqs::SEND_BATCH;
 
 /// One stream record as the outbox trigger needs it.
@@ -56,10 +56,24 @@ pub async fn outbox_batch(
     records: Vec<OutboxRecord>,
 ) -> DynamoDbEventResponse {
     let buffer = Arc::new(SendBuffer::new(services.deliveries.clone()));
+    let backlog = Arc::new(BacklogBuffer::new(services.backlog.clone()));
     let batched = Services {
         deliveries: buffer.clone(),
+        backlog: backlog.clone(),
         ..services.clone()
     };
+    let response = fan_out_records(&batched, &buffer, quarantine, records).await;
+    // After the sends: a tenant's figure never counts messages that were not sent.
+    backlog.flush().await;
+    response
+}
+
+async fn fan_out_records(
+    batched: &Services,
+    buffer: &SendBuffer,
+    quarantine: &dyn MessageQueue,
+    records: Vec<OutboxRecord>,
+) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
     // The first record whose messages are held, not yet sent.
     let mut unsent_from: Option<String> = None;
@@ -96,17 +110,17 @@ pub async fn outbox_batch(
                 };
                 if let Err(e) = quarantine.send(vec![message]).await {
                     tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
-                    let from = flushed_or(&buffer, &mut unsent_from, record.sequence_number).await;
+                    let from = flushed_or(buffer, &mut unsent_from, record.sequence_number).await;
                     fail_from(&mut response, from);
                     return response;
                 }
-                services.metrics.outbox_item_refused();
+                batched.metrics.outbox_item_refused();
                 continue;
             }
         };
-        if let Err(e) = fan_out(&batched, &event).await {
+        if let Err(e) = fan_out(batched, &event).await {
             tracing::error!(event_id = %event.id, error = %e, "fan-out failed; the batch resumes here");
-            let from = flushed_or(&buffer, &mut unsent_from, record.sequence_number).await;
+            let from = flushed_or(buffer, &mut unsent_from, record.sequence_number).await;
             fail_from(&mut response, from);
             return response;
         }
@@ -114,13 +128,13 @@ pub async fn outbox_batch(
             unsent_from = Some(record.sequence_number);
         }
         if buffer.held() >= SEND_BATCH {
-            if let Some(from) = flush(&buffer, &mut unsent_from).await {
+            if let Some(from) = flush(buffer, &mut unsent_from).await {
                 fail_from(&mut response, from);
                 return response;
             }
         }
     }
-    if let Some(from) = flush(&buffer, &mut unsent_from).await {
+    if let Some(from) = flush(buffer, &mut unsent_from).await {
         fail_from(&mut response, from);
     }
     response
@@ -156,6 +170,12 @@ async fn flushed_or(
 /// with ChangeMessageVisibility and reported failed (so Lambda keeps it); one that is
 /// done is left for Lambda to delete.
 pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchResponse {
+    let backlog = Arc::new(BacklogBuffer::new(services.backlog.clone()));
+    let batched = Services {
+        backlog: backlog.clone(),
+        ..services.clone()
+    };
+    let services = &batched;
     let jobs = event.records.into_iter().map(|message| async move {
         let body = message.body.clone().unwrap_or_default();
         let receives = receive_count(&message);
@@ -174,6 +194,7 @@ pub async fn delivery_batch(services: &Services, event: SqsEvent) -> SqsBatchRes
     for id in join_all(jobs).await.into_iter().flatten() {
         response.add_failure(id);
     }
+    backlog.flush().await;
     response
 }
 

@@ -1,7 +1,7 @@
 //! The outbox trigger's batching of delivery messages, on the in-memory world.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +10,8 @@ use entrega_core::event::{format_timestamp, Event};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::memory::World;
 use entrega_core::ports::{
-    Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
+    Backlog, Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError,
+    StoreResult,
 };
 use serde_json::json;
 
@@ -47,9 +48,36 @@ impl MessageQueue for Counted {
     }
 }
 
+/// A backlog that sums what it is told, counting the calls.
+#[derive(Default)]
+struct Tally {
+    calls: AtomicUsize,
+    waiting: Mutex<i64>,
+}
+
+#[async_trait]
+impl Backlog for Tally {
+    async fn tenant_backlog(&self, _: &TenantId) -> StoreResult<u64> {
+        Ok((*self.waiting.lock().unwrap()).max(0) as u64)
+    }
+    async fn record(&self, _: &TenantId, delta: i64) -> StoreResult<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        *self.waiting.lock().unwrap() += delta;
+        Ok(())
+    }
+}
+
 /// A world with one tenant, one endpoint and `n` published events, their stream
-/// records numbered 1..=n, and the counted queue in the services.
-async fn published(n: usize) -> (World, Arc<Counted>, Vec<Event>, Vec<OutboxRecord>) {
+/// records numbered 1..=n, and the counted queue and backlog in the services.
+struct Published {
+    world: World,
+    queue: Arc<Counted>,
+    backlog: Arc<Tally>,
+    events: Vec<Event>,
+    records: Vec<OutboxRecord>,
+}
+
+async fn published(n: usize) -> Published {
     let mut world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 3);
     let tenant = world
         .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
@@ -65,6 +93,8 @@ async fn published(n: usize) -> (World, Arc<Counted>, Vec<Event>, Vec<OutboxReco
         refuse_from: AtomicUsize::new(usize::MAX),
     });
     world.services.deliveries = counted.clone();
+    let backlog = Arc::new(Tally::default());
+    world.services.backlog = backlog.clone();
     let mut events = Vec::new();
     let mut records = Vec::new();
     for i in 1..=n {
@@ -87,7 +117,13 @@ async fn published(n: usize) -> (World, Arc<Counted>, Vec<Event>, Vec<OutboxReco
         });
         events.push(event);
     }
-    (world, counted, events, records)
+    Published {
+        world,
+        queue: counted,
+        backlog,
+        events,
+        records,
+    }
 }
 
 fn quarantine(world: &World) -> Arc<dyn MessageQueue> {
@@ -96,7 +132,13 @@ fn quarantine(world: &World) -> Arc<dyn MessageQueue> {
 
 #[tokio::test]
 async fn a_batchs_messages_go_ten_to_a_send() {
-    let (world, counted, events, records) = published(23).await;
+    let Published {
+        world,
+        queue: counted,
+        backlog: tally,
+        events,
+        records,
+    } = published(23).await;
     let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(
@@ -105,6 +147,12 @@ async fn a_batchs_messages_go_ten_to_a_send() {
         "23 messages in three sends (10, 10, 3), not 23"
     );
     assert_eq!(world.deliveries.len(), 23, "every event's message queued");
+    assert_eq!(*tally.waiting.lock().unwrap(), 23);
+    assert_eq!(
+        tally.calls.load(Ordering::SeqCst),
+        1,
+        "one backlog update for the tenant, not one per event"
+    );
     for event in &events {
         assert_eq!(
             world
@@ -121,7 +169,13 @@ async fn a_batchs_messages_go_ten_to_a_send() {
 
 #[tokio::test]
 async fn a_failed_send_replays_from_the_first_record_it_held() {
-    let (world, counted, events, records) = published(13).await;
+    let Published {
+        world,
+        queue: counted,
+        events,
+        records,
+        ..
+    } = published(13).await;
     // The first send (records 1..=10) goes out; the second (11..=13) fails.
     counted.refuse_from.store(2, Ordering::SeqCst);
     let response = outbox_batch(
@@ -166,4 +220,44 @@ async fn a_failed_send_replays_from_the_first_record_it_held() {
             .unwrap();
         assert_eq!(made.len(), 1, "one delivery per event");
     }
+}
+
+#[tokio::test]
+async fn a_delivery_batch_moves_each_tenants_backlog_once() {
+    let Published {
+        world,
+        backlog: tally,
+        records,
+        ..
+    } = published(7).await;
+    outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
+    let received = world
+        .services
+        .deliveries
+        .receive(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(received.len(), 7);
+    let event: SqsEvent = serde_json::from_value(json!({ "Records": received
+        .iter()
+        .map(|m| json!({
+            "messageId": m.receipt, "receiptHandle": m.receipt, "body": m.body,
+            "attributes": {"ApproximateReceiveCount": m.receive_count.to_string()},
+            "messageAttributes": {}
+        }))
+        .collect::<Vec<_>>() }))
+    .unwrap();
+    let response = delivery_batch(&world.services, event).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(world.transport.requests().len(), 7, "every delivery sent");
+    assert_eq!(
+        *tally.waiting.lock().unwrap(),
+        0,
+        "all seven left the backlog"
+    );
+    assert_eq!(
+        tally.calls.load(Ordering::SeqCst),
+        2,
+        "one update at fan-out and one for the delivery batch"
+    );
 }

@@ -3,6 +3,7 @@
 //! producer contract (the outbox item); provisioning; and the pollers that let
 //! `entrega serve --backend aws` play Lambda's event source mappings locally.
 
+pub mod batch_buffers;
 pub mod dynamo;
 pub mod emf;
 pub mod emulation;
@@ -12,7 +13,6 @@ pub mod outbox;
 pub mod provision;
 pub mod resources;
 pub mod scheduler;
-pub mod send_buffer;
 pub mod sns;
 pub mod sqs;
 

@@ -59,7 +59,7 @@ async fn deliveries(world: &World, event: &Event) -> Vec<Delivery> {
     world
         .services
         .store
-        .deliveries_of_event(&event)
+        .deliveries_of_event(event)
         .await
         .unwrap()
 }

@@ -19,7 +19,7 @@ impl Sim {
                 self.world
                     .services
                     .store
-                    .deliveries_of_event(&event)
+                    .deliveries_of_event(event)
                     .await
                     .unwrap(),
             );
