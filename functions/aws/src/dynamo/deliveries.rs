@@ -22,10 +22,10 @@ impl DynamoStore {
     /// index keys. The filter fields are read from the record itself, so the item
     /// carries nothing twice and stays under 1 KiB (one write unit).
     fn delivery_item(&self, d: &Delivery) -> Item {
-        let mut item = key(keys::delivery(&d.id));
+        let (pk, sk) = keys::delivery(&d.id);
+        let mut item = key_of(pk, sk);
         let id = d.id.as_str();
         let owner_shard = keys::shard(id, keys::OWNER_SHARDS);
-        let day_shard = keys::shard(id, keys::DAY_SHARDS);
         item.extend([
             ("json".to_owned(), to_json(d)),
             ("version".to_owned(), n(d.version)),
@@ -45,11 +45,6 @@ impl DynamoStore {
                 )),
             ),
             (keys::BY_ENDPOINT.sk.to_owned(), s(id)),
-            (
-                keys::BY_KIND.pk.to_owned(),
-                s(keys::sharded(&keys::day(d.id.timestamp_ms()), day_shard)),
-            ),
-            (keys::BY_KIND.sk.to_owned(), s(id)),
             (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
         // Only while it waits: the write that ends the wait takes it out of the index.
@@ -67,7 +62,7 @@ impl DynamoStore {
 
     fn attempt_item(&self, a: &Attempt) -> Item {
         Item::from([
-            (PK.to_owned(), s(keys::delivery(&a.delivery_id))),
+            (PK.to_owned(), s(keys::delivery_attempts(&a.delivery_id))),
             (SK.to_owned(), s(keys::attempt(a))),
             ("json".to_owned(), to_json(a)),
             // Per-endpoint statistics read an endpoint's attempts by time.
@@ -98,6 +93,10 @@ impl DynamoStore {
         Ok(())
     }
 }
+
+/// Days of the admin's all-tenant log one list request reads at most (each within
+/// the page budget of one listing); the rest is a cursor.
+const DAYS_PER_LIST: usize = 4;
 
 /// Whether a delivery passes the query's non-key filters.
 fn matches(d: &Delivery, q: &DeliveryQuery) -> bool {
@@ -135,7 +134,8 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        self.get_main(keys::delivery(id))
+        let (pk, sk) = keys::delivery(id);
+        self.get_keyed(key_of(pk, sk))
             .await?
             .as_ref()
             .map(from_json)
@@ -174,7 +174,11 @@ impl DeliveryStore for DynamoStore {
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
         let items = self
-            .query_partition(None, keys::delivery(id), Some(keys::ATTEMPT_PREFIX))
+            .query_partition(
+                None,
+                keys::delivery_attempts(id),
+                Some(keys::ATTEMPT_PREFIX),
+            )
             .await?;
         items.iter().map(from_json).collect()
     }
@@ -210,8 +214,7 @@ impl DeliveryStore for DynamoStore {
             while day.date_naive() >= oldest.date_naive()
                 && days.len() as i64 <= self.retention_days + 1
             {
-                days.push(Partition::sharded(
-                    keys::BY_KIND,
+                days.push(Partition::table(
                     keys::day(day.timestamp_millis()),
                     keys::DAY_SHARDS,
                 ));
@@ -219,16 +222,17 @@ impl DeliveryStore for DynamoStore {
             }
             days
         };
-        let mut pages = 0;
         let mut items = Vec::new();
         let mut resume = None;
         for (i, part) in partitions.iter().enumerate() {
-            if i > 0 && pages + usize::from(part.shards) > super::index::MAX_PAGES_PER_LIST {
+            if i >= DAYS_PER_LIST {
                 // Out of budget between days: go on below the last day read whole (a
                 // cursor just under its first possible id).
                 resume = Some(keys::day_floor(&partitions[i - 1].pk));
                 break;
             }
+            // Each day its own page budget: a quiet day costs one query per shard.
+            let mut pages = 0;
             let found = self
                 .collect_desc(
                     part,

@@ -18,25 +18,31 @@ const BATCH_GET_ROUNDS: usize = 8;
 /// work; the rest is a cursor.
 pub(crate) const MAX_PAGES_PER_LIST: usize = 64;
 
-/// One partition of one index, read newest first; written in `shards` shards.
+/// One partition of one index (or of the table itself, `index` `None`), read newest
+/// first; written in `shards` shards.
 pub(crate) struct Partition {
-    pub index: keys::Gsi,
+    pub index: Option<keys::Gsi>,
     pub pk: String,
     pub shards: u8,
 }
 
 impl Partition {
     pub fn new(index: keys::Gsi, pk: impl Into<String>) -> Self {
-        Self {
-            index,
-            pk: pk.into(),
-            shards: 1,
-        }
+        Self::sharded(index, pk, 1)
     }
 
     pub fn sharded(index: keys::Gsi, pk: impl Into<String>, shards: u8) -> Self {
         Self {
-            index,
+            index: Some(index),
+            pk: pk.into(),
+            shards,
+        }
+    }
+
+    /// A partition of the table, its items read whole (no index in between).
+    pub fn table(pk: impl Into<String>, shards: u8) -> Self {
+        Self {
+            index: None,
             pk: pk.into(),
             shards,
         }
@@ -77,12 +83,19 @@ impl DynamoStore {
         keep: &(dyn Fn(&Item) -> bool + Sync),
         pages: &mut usize,
     ) -> Result<Collected, StoreError> {
+        // The shards are read side by side, each within an even share of what is left
+        // of the page budget (at least one page: a shard not read at all would hold
+        // the merged cursor where it was, and paging would never move on).
+        let keys = part.keys();
+        let share = (MAX_PAGES_PER_LIST.saturating_sub(*pages) / keys.len()).max(1);
+        let reads = keys
+            .into_iter()
+            .map(|pk| self.collect_shard(part.index, pk, below, want, keep, share));
         let mut shards = Vec::new();
-        for pk in part.keys() {
-            shards.push(
-                self.collect_shard(part.index, pk, below, want, keep, pages)
-                    .await?,
-            );
+        for read in futures_util::future::join_all(reads).await {
+            let (collected, used) = read?;
+            *pages += used;
+            shards.push(collected);
         }
         if shards.len() == 1 {
             return Ok(shards.pop().expect("one shard"));
@@ -144,13 +157,14 @@ impl DynamoStore {
 
     async fn collect_shard(
         &self,
-        index: keys::Gsi,
+        index: Option<keys::Gsi>,
         pk: String,
         below: Option<&str>,
         want: usize,
         keep: &(dyn Fn(&Item) -> bool + Sync),
-        pages: &mut usize,
-    ) -> Result<Collected, StoreError> {
+        budget: usize,
+    ) -> Result<(Collected, usize), StoreError> {
+        let mut pages = 0;
         let mut found = Collected {
             items: Vec::new(),
             last_seen: below.map(str::to_owned),
@@ -162,37 +176,36 @@ impl DynamoStore {
         } else {
             "#pk = :pk"
         };
-        // Every shard reads at least one page, past the budget if need be: a shard not
-        // read at all would hold the merged cursor where it was, and paging would never
-        // move on.
-        let mut first = true;
-        while found.items.len() < want && (first || *pages < MAX_PAGES_PER_LIST) {
-            first = false;
-            *pages += 1;
+        let (pk_attr, sk_attr) = index.map_or((PK, SK), |g| (g.pk, g.sk));
+        while found.items.len() < want && pages < budget.max(1) {
+            pages += 1;
             let mut query = self
                 .client
                 .query()
                 .table_name(&self.main_table)
-                .index_name(index.name)
+                .set_index_name(index.map(|g| g.name.to_owned()))
                 .key_condition_expression(condition)
-                .expression_attribute_names("#pk", index.pk)
+                .expression_attribute_names("#pk", pk_attr)
                 .expression_attribute_values(":pk", s(pk.clone()))
                 .scan_index_forward(false)
                 .limit(((want - found.items.len()) * 2).clamp(10, 500) as i32)
                 .set_exclusive_start_key(start.take());
             if let Some(b) = below {
                 query = query
-                    .expression_attribute_names("#sk", index.sk)
+                    .expression_attribute_names("#sk", sk_attr)
                     .expression_attribute_values(":below", s(b));
             }
             let out = query.send().await.map_err(backend)?;
-            let items = self.fetch_items(out.items()).await?;
+            let items = match index {
+                Some(_) => self.fetch_items(out.items()).await?,
+                None => out.items().to_vec(),
+            };
             let mut items = items.iter().peekable();
             for entry in out.items() {
                 if found.items.len() >= want {
-                    return Ok(found);
+                    return Ok((found, pages));
                 }
-                let sk = get_s(entry, index.sk).unwrap_or_default().to_owned();
+                let sk = get_s(entry, sk_attr).unwrap_or_default().to_owned();
                 found.last_seen = Some(sk.clone());
                 // The fetched items are in the entries' order, minus deleted ones.
                 let same = |item: &&Item| {
@@ -208,11 +221,11 @@ impl DynamoStore {
                 Some(k) => start = Some(k.clone()),
                 None => {
                     found.more = false;
-                    return Ok(found);
+                    return Ok((found, pages));
                 }
             }
         }
-        Ok(found)
+        Ok((found, pages))
     }
 
     /// Every item of one partition of `index` (the table itself for `None`), all
