@@ -215,6 +215,11 @@ pub trait DeliveryStore: Send + Sync {
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>>;
+    /// The sweeper queued `delivery` (as read) again: leave it out of
+    /// [`Self::overdue_deliveries`] for times up to `until`, so the next sweeps reach
+    /// the ones behind it. Only while the delivery is as read: a save puts it back
+    /// where its state says. The record itself is not touched.
+    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()>;
 }
 
 #[async_trait]

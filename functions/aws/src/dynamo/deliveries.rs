@@ -377,6 +377,30 @@ impl DeliveryStore for DynamoStore {
         Ok(found)
     }
 
+    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
+        // Only the due index's sort key moves, and only on the version read: a save
+        // since then wrote the key its state says, which is what we leave alone.
+        let (pk, sk) = keys::delivery(&delivery.id);
+        let moved = self
+            .client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key_of(pk, sk)))
+            .update_expression("SET #due = :slot")
+            .condition_expression("#v = :version AND attribute_exists(#due)")
+            .expression_attribute_names("#due", keys::BY_DUE.sk)
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_values(":slot", s(keys::due_slot(until.timestamp_millis())))
+            .expression_attribute_values(":version", n(delivery.version))
+            .send()
+            .await;
+        match moved {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failure(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
     async fn paused_deliveries(
         &self,
         endpoint: &EndpointId,

@@ -15,6 +15,10 @@
 //! itself, so nothing the API or the worker wrote is undone; a claim per delivery keeps
 //! it from being queued again for [`SWEEP_CLAIM`], so a delivery that is only late
 //! (a deep backlog, not a lost message) gains at most one extra message that often.
+//! A queued delivery is also left out of the sweeper's question for that long
+//! ([`DeliveryStore::postpone_sweep`]): otherwise, behind a deep backlog, every run
+//! would read the same most overdue [`SWEEP_BATCH`] again, all claimed, and never
+//! reach a lost message behind them.
 
 use std::time::Duration;
 
@@ -22,6 +26,8 @@ use chrono::Duration as ChronoDuration;
 use tracing::{info_span, Instrument};
 
 use crate::delivery::Delivery;
+#[cfg(doc)]
+use crate::ports::DeliveryStore;
 use crate::ports::{Services, StoreResult};
 
 use super::task::DeliveryTask;
@@ -69,8 +75,15 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
             }
             // One delivery's failure does not stop the others'.
             match requeue_once(services, &delivery).await {
-                Ok(true) => report.requeued += 1,
-                Ok(false) => {}
+                Ok(queued) => {
+                    report.requeued += usize::from(queued);
+                    // Claimed before, or just now: out of the next runs' way until the
+                    // claim ends (a postponement that fails is made by the next run).
+                    let until = now + ChronoDuration::from_std(SWEEP_CLAIM).unwrap_or_default();
+                    if let Err(e) = services.store.postpone_sweep(&delivery, until).await {
+                        tracing::warn!(delivery_id = %delivery.id, error = %e, "could not postpone a swept delivery");
+                    }
+                }
                 Err(e) => {
                     tracing::error!(delivery_id = %delivery.id, error = %e, "could not queue an overdue delivery again; the next sweep retries")
                 }
@@ -123,3 +136,7 @@ async fn requeue_once(services: &Services, delivery: &Delivery) -> StoreResult<b
     );
     Ok(true)
 }
+
+#[cfg(test)]
+#[path = "sweep_tests.rs"]
+mod tests;

@@ -152,7 +152,24 @@ impl DeliveryStore for MemoryStore {
             })
             .collect();
         overdue.sort_by_key(|(at, _)| *at);
-        Ok(overdue.into_iter().take(limit).map(|(_, d)| d).collect())
+        let data = self.data();
+        Ok(overdue
+            .into_iter()
+            .filter(|(_, d)| {
+                data.sweep_postponed
+                    .get(d.id.as_str())
+                    .is_none_or(|(version, until)| *version != d.version || *until < before)
+            })
+            .take(limit)
+            .map(|(_, d)| d)
+            .collect())
+    }
+
+    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
+        self.data()
+            .sweep_postponed
+            .insert(delivery.id.to_string(), (delivery.version, until));
+        Ok(())
     }
 }
 

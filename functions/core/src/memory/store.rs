@@ -47,6 +47,8 @@ pub(super) struct Data {
     /// Counter and claim values with when they expire (Unix seconds).
     counters: HashMap<String, (u64, i64)>,
     remembered: HashMap<String, (String, i64)>,
+    /// Deliveries the sweeper postponed: the version it read, and until when.
+    pub(super) sweep_postponed: HashMap<String, (u64, chrono::DateTime<chrono::Utc>)>,
 }
 
 /// The in-memory store; cheap to clone (shared).

@@ -233,11 +233,39 @@ impl DeliveryStore for SqliteStore {
                      WHERE state IN ('pending', 'delivering', 'retrying')
                        AND coalesce(json_extract(json, '$.next_attempt_at'),
                                     json_extract(json, '$.lease_until')) < ?1
+                       AND NOT EXISTS (SELECT 1 FROM sweep_postponed p
+                                       WHERE p.delivery_id = deliveries.id
+                                         AND p.version = deliveries.version
+                                         AND p.until >= ?1)
                      ORDER BY coalesce(json_extract(json, '$.next_attempt_at'),
                                        json_extract(json, '$.lease_until'))
                      LIMIT ?2",
                     vec![SqlValue::Text(before), SqlValue::Integer(limit as i64)],
                 )
+            })
+            .await
+    }
+
+    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
+        let id = delivery.id.to_string();
+        let version = delivery.version as i64;
+        let until = until.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        let now = self
+            .clock
+            .now()
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        self.db
+            .call(move |conn| {
+                // Spent postponements go as new ones come: the table holds at most what
+                // the sweeps of one claim period queued.
+                conn.prepare_cached("DELETE FROM sweep_postponed WHERE until < ?1")?
+                    .execute([&now])?;
+                conn.prepare_cached(
+                    "INSERT OR REPLACE INTO sweep_postponed (delivery_id, version, until)
+                     VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![id, version, until])?;
+                Ok(())
             })
             .await
     }

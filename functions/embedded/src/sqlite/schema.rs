@@ -103,6 +103,13 @@ CREATE INDEX IF NOT EXISTS deliveries_by_tenant_event ON deliveries (tenant_id, 
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries
     (coalesce(json_extract(json, '$.next_attempt_at'), json_extract(json, '$.lease_until')))
     WHERE state IN ('pending', 'delivering', 'retrying');
+-- Deliveries the sweeper queued again, left out of its question until `until` while
+-- their version is the one it read (the deliveries table is never written for it).
+CREATE TABLE IF NOT EXISTS sweep_postponed (
+    delivery_id TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    until TEXT NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS attempts (
     id TEXT PRIMARY KEY,

@@ -63,10 +63,36 @@ pub async fn overdue_deliveries_come_most_overdue_first(store: &dyn Store) {
         "the limit keeps the most overdue"
     );
 
+    // Postponed by the sweeper: out of the answer for times up to `until`, back after.
+    let read = store.get_delivery(&pending.id).await.unwrap().unwrap();
+    store.postpone_sweep(&read, t0 + hours(2)).await.unwrap();
+    let found = store.overdue_deliveries(t0, 100).await.unwrap();
+    assert_eq!(
+        ids(found),
+        [retrying.id.clone(), delivering.id.clone()],
+        "a postponed delivery is left out"
+    );
+    let later_on = store.overdue_deliveries(t0 + hours(3), 100).await.unwrap();
+    assert!(
+        ids(later_on).contains(&pending.id),
+        "and comes back once its postponement has passed"
+    );
+
     let mut delivered = store.get_delivery(&retrying.id).await.unwrap().unwrap();
     delivered.state = DeliveryState::Delivered;
     delivered.next_attempt_at = None;
     store.save_delivery(&delivered, &[]).await.unwrap();
+    let found = store.overdue_deliveries(t0, 100).await.unwrap();
+    assert_eq!(
+        ids(found)[..],
+        [delivering.id.clone()][..],
+        "a delivered one leaves, the postponed one stays out"
+    );
+
+    // A save of the postponed delivery puts it back where its state says.
+    let mut touched = store.get_delivery(&pending.id).await.unwrap().unwrap();
+    touched.updated_at = t0;
+    store.save_delivery(&touched, &[]).await.unwrap();
     let found = store.overdue_deliveries(t0, 100).await.unwrap();
     assert_eq!(ids(found), [pending.id.clone(), delivering.id.clone()]);
 }

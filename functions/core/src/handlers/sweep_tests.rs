@@ -1,0 +1,73 @@
+//! The sweeper on the in-memory world.
+
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+
+use super::*;
+use crate::delivery::Delivery;
+use crate::event::Event;
+use crate::ids::{DeliveryId, EventId, TenantId};
+use crate::memory::World;
+use crate::ports::Clock;
+
+/// `n` deliveries of one endpoint whose messages were lost, then time moved past the
+/// sweeper's grace.
+async fn lost(n: usize) -> World {
+    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 5);
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+        .await
+        .unwrap();
+    let endpoint = world
+        .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
+        .await
+        .unwrap();
+    for _ in 0..n {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: tenant.clone(),
+            event_type: "invoice.paid".into(),
+            payload: "{}".into(),
+            created_at: world.clock.now(),
+        };
+        let id =
+            DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+        let delivery = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
+        world
+            .services
+            .store
+            .create_delivery_if_absent(&delivery)
+            .await
+            .unwrap();
+        world.clock.advance(Duration::from_millis(10));
+    }
+    world.clock.advance(Duration::from_secs(20 * 60));
+    world
+}
+
+#[tokio::test]
+async fn a_sweep_reaches_past_the_deliveries_it_already_queued() {
+    let world = lost(SWEEP_BATCH + 100).await;
+    let first = sweep_overdue(&world.services).await.unwrap();
+    assert_eq!(first.requeued, SWEEP_BATCH);
+    world.clock.advance(SWEEP_INTERVAL);
+    let second = sweep_overdue(&world.services).await.unwrap();
+    assert_eq!(
+        second.requeued, 100,
+        "the next run finds the ones behind the first {SWEEP_BATCH}, not the same again"
+    );
+    assert_eq!(
+        world.deliveries.len(),
+        SWEEP_BATCH + 100,
+        "each queued once"
+    );
+    world.clock.advance(SWEEP_INTERVAL);
+    assert_eq!(sweep_overdue(&world.services).await.unwrap().requeued, 0);
+
+    // Past the claim (and the grace after it), a delivery still waiting (its message
+    // lost again) is queued again.
+    world.clock.advance(SWEEP_CLAIM + SWEEP_GRACE.to_std().unwrap());
+    let again = sweep_overdue(&world.services).await.unwrap();
+    assert_eq!(again.requeued, SWEEP_BATCH);
+}
