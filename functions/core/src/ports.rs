@@ -200,12 +200,16 @@ pub trait DeliveryStore: Send + Sync {
         since: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Attempt>>;
-    /// Paused deliveries of an endpoint, oldest first, at most `limit`.
+    /// Paused deliveries of an endpoint, a page at a time from `cursor` (`None`: from
+    /// the start), at most `limit`. `next_cursor` is `None` once nothing is left to
+    /// look at; a page may hold fewer than `limit` and still have one (a store that
+    /// reads past other deliveries to find paused ones bounds its work per call).
     async fn paused_deliveries(
         &self,
         endpoint: &EndpointId,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Vec<Delivery>>;
+    ) -> StoreResult<Page<Delivery>>;
     /// Deliveries of every tenant that were due ([`Delivery::due_at`]) before `before`
     /// and are still waiting, most overdue first (as far as the store's index orders
     /// them), at most `limit`. The sweeper's question; the answer may include some due

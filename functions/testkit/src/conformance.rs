@@ -12,10 +12,12 @@ use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
 mod overdue;
+mod paused;
 mod queue;
 mod slots;
 
 pub use overdue::overdue_deliveries_come_most_overdue_first;
+pub use paused::paused_deliveries_page_through_once;
 pub use queue::{every_queue_promise, StaleReceipts};
 pub use slots::endpoint_slots_cap_each_endpoint;
 
@@ -32,6 +34,7 @@ pub async fn every_promise(store: &dyn Store) {
     counters_count_each_token_once(store).await;
     unacknowledged_failures_come_oldest_first(store).await;
     overdue_deliveries_come_most_overdue_first(store).await;
+    paused_deliveries_page_through_once(store).await;
     racing_writers_of_one_record_have_one_winner(store).await;
 }
 

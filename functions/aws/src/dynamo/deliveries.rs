@@ -404,45 +404,35 @@ impl DeliveryStore for DynamoStore {
     async fn paused_deliveries(
         &self,
         endpoint: &EndpointId,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Vec<Delivery>> {
-        let mut found = Vec::new();
-        for pk in Partition::sharded(
+    ) -> StoreResult<Page<Delivery>> {
+        // The endpoint's log, newest first from the cursor, keeping the paused: each
+        // page goes on where the last stopped, so resuming a million paused
+        // deliveries reads the log once, not once per page.
+        let part = Partition::sharded(
             keys::BY_ENDPOINT,
             keys::endpoint_deliveries(endpoint),
             keys::OWNER_SHARDS,
-        )
-        .keys()
-        {
-            let mut start = None;
-            loop {
-                let out = self
-                    .client
-                    .query()
-                    .table_name(&self.main_table)
-                    .index_name(keys::BY_ENDPOINT.name)
-                    .key_condition_expression("#pk = :pk")
-                    .expression_attribute_names("#pk", keys::BY_ENDPOINT.pk)
-                    .expression_attribute_values(":pk", s(pk.clone()))
-                    .set_exclusive_start_key(start)
-                    .send()
-                    .await
-                    .map_err(backend)?;
-                for item in self.fetch_items(out.items()).await? {
-                    let d: Delivery = from_json(&item)?;
-                    if d.state == DeliveryState::Paused {
-                        found.push(d);
-                        if found.len() >= limit {
-                            return Ok(found);
-                        }
-                    }
-                }
-                match out.last_evaluated_key() {
-                    Some(k) => start = Some(k.clone()),
-                    None => break,
-                }
-            }
-        }
-        Ok(found)
+        );
+        let mut pages = 0;
+        let found = self
+            .collect_desc(
+                &part,
+                cursor,
+                limit,
+                &|item| from_json::<Delivery>(item).is_ok_and(|d| d.state == DeliveryState::Paused),
+                &mut pages,
+            )
+            .await?;
+        let data = found
+            .items
+            .iter()
+            .map(|(_, item)| from_json(item))
+            .collect::<Result<Vec<Delivery>, _>>()?;
+        Ok(Page {
+            data,
+            next_cursor: found.more.then_some(found.last_seen).flatten(),
+        })
     }
 }

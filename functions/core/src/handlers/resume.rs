@@ -1,8 +1,9 @@
 //! Resuming an endpoint that was re-enabled: its paused deliveries are queued again,
 //! in the background. Enabling queues a [`ResumeTask`]; the worker takes it like any
-//! message and resumes one bounded batch, then queues the task again while paused
-//! deliveries remain. So an endpoint with a million paused deliveries is enabled in
-//! one fast request, and no invocation runs past its time.
+//! message and resumes one bounded batch, then queues the task again, with where it
+//! stopped, while paused deliveries remain. So an endpoint with a million paused
+//! deliveries is enabled in one fast request, no invocation runs past its time, and
+//! the endpoint's log is read once, not once per batch.
 
 use std::time::Duration;
 
@@ -25,13 +26,21 @@ const RESUME_BATCHES_PER_STEP: usize = 10;
 pub struct ResumeTask {
     pub resume_endpoint: EndpointId,
     pub tenant_id: TenantId,
+    /// Where the previous step stopped (the store's cursor); absent at the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
 }
 
 impl ResumeTask {
     pub fn message(endpoint: &Endpoint) -> OutgoingMessage {
+        Self::message_from(endpoint, None)
+    }
+
+    fn message_from(endpoint: &Endpoint, cursor: Option<String>) -> OutgoingMessage {
         let task = Self {
             resume_endpoint: endpoint.id.clone(),
             tenant_id: endpoint.tenant_id.clone(),
+            cursor,
         };
         OutgoingMessage {
             body: serde_json::to_string(&task).expect("a task serialises"),
@@ -61,27 +70,35 @@ pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<
         return Ok(0);
     }
     let mut resumed = 0;
+    let mut cursor = task.cursor.clone();
     for _ in 0..RESUME_BATCHES_PER_STEP {
-        match resume_batch(services, &endpoint).await? {
-            0 => return Ok(resumed),
-            moved => resumed += moved,
+        let (moved, next) = resume_batch(services, &endpoint, cursor.as_deref()).await?;
+        resumed += moved;
+        match next {
+            None => return Ok(resumed),
+            next => cursor = next,
         }
     }
     // More may wait: hand over to a fresh message (and, on AWS, a fresh invocation).
-    start_resume(services, &endpoint).await?;
+    services
+        .deliveries
+        .send(vec![ResumeTask::message_from(&endpoint, cursor)])
+        .await?;
     Ok(resumed)
 }
 
-/// Queue up to [`RESUME_BATCH`] paused deliveries; how many were moved (0: none left,
-/// or every one changed under us, when the worker owns them).
-async fn resume_batch(services: &Services, endpoint: &Endpoint) -> StoreResult<usize> {
-    let paused = services
+/// Queue up to [`RESUME_BATCH`] paused deliveries from `cursor`: how many were moved
+/// (fewer than found when the worker owns some), and where to go on (`None`: done).
+async fn resume_batch(
+    services: &Services,
+    endpoint: &Endpoint,
+    cursor: Option<&str>,
+) -> StoreResult<(usize, Option<String>)> {
+    let page = services
         .store
-        .paused_deliveries(&endpoint.id, RESUME_BATCH)
+        .paused_deliveries(&endpoint.id, cursor, RESUME_BATCH)
         .await?;
-    if paused.is_empty() {
-        return Ok(0);
-    }
+    let (paused, next) = (page.data, page.next_cursor);
     // Mark pending first, then queue. The other order raced with a quick disable: the
     // worker took a message while its delivery still read paused, dropped it for the
     // disabled endpoint, and the resume then wrote "pending" — a pending delivery with
@@ -117,5 +134,9 @@ async fn resume_batch(services: &Services, endpoint: &Endpoint) -> StoreResult<u
             .record(&endpoint.tenant_id, moved as i64)
             .await?;
     }
-    Ok(moved)
+    Ok((moved, next))
 }
+
+#[cfg(test)]
+#[path = "resume_tests.rs"]
+mod tests;

@@ -67,7 +67,9 @@ async fn a_sweep_reaches_past_the_deliveries_it_already_queued() {
 
     // Past the claim (and the grace after it), a delivery still waiting (its message
     // lost again) is queued again.
-    world.clock.advance(SWEEP_CLAIM + SWEEP_GRACE.to_std().unwrap());
+    world
+        .clock
+        .advance(SWEEP_CLAIM + SWEEP_GRACE.to_std().unwrap());
     let again = sweep_overdue(&world.services).await.unwrap();
     assert_eq!(again.requeued, SWEEP_BATCH);
 }

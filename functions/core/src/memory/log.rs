@@ -124,16 +124,19 @@ impl DeliveryStore for MemoryStore {
     async fn paused_deliveries(
         &self,
         endpoint: &EndpointId,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Vec<Delivery>> {
-        Ok(self
+    ) -> StoreResult<Page<Delivery>> {
+        let data: Vec<Delivery> = self
             .data()
             .deliveries
             .values()
             .filter(|d| d.endpoint_id == *endpoint && d.state == DeliveryState::Paused)
-            .take(limit)
+            .filter(|d| cursor.is_none_or(|c| d.id.as_str() > c))
+            .take(limit + 1)
             .cloned()
-            .collect())
+            .collect();
+        Ok(Page::from_rows(data, limit, |d| d.id.to_string(), None))
     }
 
     async fn overdue_deliveries(

@@ -202,19 +202,28 @@ impl DeliveryStore for SqliteStore {
     async fn paused_deliveries(
         &self,
         endpoint: &EndpointId,
+        cursor: Option<&str>,
         limit: usize,
-    ) -> StoreResult<Vec<Delivery>> {
+    ) -> StoreResult<Page<Delivery>> {
         let endpoint = endpoint.to_string();
-        self.db
+        let after = cursor.unwrap_or_default().to_owned();
+        let data = self
+            .db
             .read(move |conn| {
                 read_many(
                     conn,
-                    "SELECT json FROM deliveries WHERE endpoint_id = ?1 AND state = 'paused'
-                     ORDER BY id LIMIT ?2",
-                    vec![SqlValue::Text(endpoint), SqlValue::Integer(limit as i64)],
+                    "SELECT json FROM deliveries
+                     WHERE endpoint_id = ?1 AND state = 'paused' AND id > ?2
+                     ORDER BY id LIMIT ?3",
+                    vec![
+                        SqlValue::Text(endpoint),
+                        SqlValue::Text(after),
+                        SqlValue::Integer(limit as i64 + 1),
+                    ],
                 )
             })
-            .await
+            .await?;
+        Ok(Page::from_rows(data, limit, |d| d.id.to_string(), None))
     }
 
     async fn overdue_deliveries(

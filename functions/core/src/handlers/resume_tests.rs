@@ -1,0 +1,88 @@
+//! The background resume on the in-memory world.
+
+use chrono::{TimeZone, Utc};
+
+use super::*;
+use crate::delivery::Delivery;
+use crate::event::Event;
+use crate::ids::{DeliveryId, EventId};
+use crate::memory::World;
+use crate::ports::{Clock, MessageQueue};
+
+#[tokio::test]
+async fn a_resume_hands_over_where_it_stopped() {
+    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 7);
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+        .await
+        .unwrap();
+    let endpoint = world
+        // A cap above the count, so the queue hands every message out at once.
+        .add_endpoint(&tenant, "https://hooks.acme.example/", |e| {
+            e.max_concurrency = 2_000
+        })
+        .await
+        .unwrap();
+    let per_step = RESUME_BATCH * RESUME_BATCHES_PER_STEP;
+    for _ in 0..per_step + 50 {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: tenant.clone(),
+            event_type: "invoice.paid".into(),
+            payload: "{}".into(),
+            created_at: world.clock.now(),
+        };
+        let id =
+            DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+        let mut paused = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
+        paused.state = DeliveryState::Paused;
+        world
+            .services
+            .store
+            .create_delivery_if_absent(&paused)
+            .await
+            .unwrap();
+    }
+    let first = ResumeTask {
+        resume_endpoint: endpoint.id.clone(),
+        tenant_id: tenant.clone(),
+        cursor: None,
+    };
+    assert_eq!(
+        resume_step(&world.services, &first).await.unwrap(),
+        per_step
+    );
+    let queued = world
+        .services
+        .deliveries
+        .receive(per_step + 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let handover: Vec<ResumeTask> = queued
+        .iter()
+        .filter_map(|m| serde_json::from_str::<ResumeTask>(&m.body).ok())
+        .collect();
+    assert_eq!(queued.len(), per_step + 1);
+    assert_eq!(handover.len(), 1, "one message goes on with the rest");
+    assert!(
+        handover[0].cursor.is_some(),
+        "from where this step stopped, not from the start"
+    );
+    for m in &queued {
+        world.services.deliveries.delete(&m.receipt).await.unwrap();
+    }
+    assert_eq!(
+        resume_step(&world.services, &handover[0]).await.unwrap(),
+        50
+    );
+    let rest = world
+        .services
+        .deliveries
+        .receive(100, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 50, "the last fifty, and no further hand-over");
+    assert!(rest
+        .iter()
+        .all(|m| serde_json::from_str::<ResumeTask>(&m.body).is_err()));
+}
