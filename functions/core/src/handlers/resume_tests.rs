@@ -7,7 +7,7 @@ use crate::delivery::Delivery;
 use crate::event::Event;
 use crate::ids::{DeliveryId, EventId};
 use crate::memory::World;
-use crate::ports::{Clock, MessageQueue};
+use crate::ports::Clock;
 
 #[tokio::test]
 async fn a_resume_hands_over_where_it_stopped() {
