@@ -16,13 +16,19 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// levels per target (`info,entrega_core=debug`). Not the full `EnvFilter` syntax,
 /// whose span and field matching brings a regex engine into every bootstrap.
 pub fn init_logs() {
-    let filter: tracing_subscriber::filter::Targets = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|directives| directives.parse().ok())
-        .unwrap_or_else(|| {
-            tracing_subscriber::filter::Targets::new()
-                .with_default(tracing_subscriber::filter::LevelFilter::INFO)
-        });
+    let info = || {
+        tracing_subscriber::filter::Targets::new()
+            .with_default(tracing_subscriber::filter::LevelFilter::INFO)
+    };
+    // A RUST_LOG that cannot be read is said out loud (once the log is up), not
+    // silently replaced by `info`.
+    let (filter, refused) = match std::env::var("RUST_LOG") {
+        Err(_) => (info(), None),
+        Ok(directives) => match directives.parse() {
+            Ok(filter) => (filter, None),
+            Err(e) => (info(), Some((directives, format!("{e}")))),
+        },
+    };
     let lines = tracing_subscriber::fmt::layer()
         .json()
         .with_current_span(true)
@@ -31,6 +37,9 @@ pub fn init_logs() {
         .with(lines)
         .with(filter)
         .init();
+    if let Some((directives, error)) = refused {
+        tracing::warn!(rust_log = %directives, %error, "RUST_LOG could not be read; logging at info");
+    }
 }
 
 /// Logs initialised and the services built from the environment.

@@ -113,7 +113,15 @@ enum OutboxCommand {
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // A RUST_LOG that cannot be read is said out loud: logging at `info` while the
+    // operator believes they asked for `debug` hides what they came to look for.
+    let (filter, refused) = match std::env::var(EnvFilter::DEFAULT_ENV) {
+        Err(_) => (EnvFilter::new("info"), None),
+        Ok(directives) => match EnvFilter::try_new(&directives) {
+            Ok(filter) => (filter, None),
+            Err(e) => (EnvFilter::new("info"), Some((directives, e.to_string()))),
+        },
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -121,6 +129,9 @@ fn init_logs(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+    if let Some((directives, error)) = refused {
+        tracing::warn!(rust_log = %directives, %error, "RUST_LOG could not be read; logging at info");
     }
 }
 

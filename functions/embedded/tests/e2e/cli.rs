@@ -282,3 +282,16 @@ async fn tenants_are_created_listed_and_shown() {
         "{refused:?}"
     );
 }
+
+/// A RUST_LOG the server cannot read is named in its log, not silently replaced.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_rust_log_is_reported() {
+    let dir = entrega_testkit::TempDir::new("e2e-rust-log");
+    let mut server = Server::start_env(&dir, &[], &[("RUST_LOG", "entrega_core=loudly")]);
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    server.stop();
+    assert!(
+        log.contains("RUST_LOG could not be read") && log.contains("entrega_core=loudly"),
+        "{log}"
+    );
+}
