@@ -219,11 +219,11 @@ pub trait DeliveryStore: Send + Sync {
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>>;
-    /// The sweeper queued `delivery` (as read) again: leave it out of
-    /// [`Self::overdue_deliveries`] for times up to `until`, so the next sweeps reach
-    /// the ones behind it. Only while the delivery is as read: a save puts it back
-    /// where its state says. The record itself is not touched.
-    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()>;
+    /// The sweeper queued these deliveries (as read) again: leave each out of
+    /// [`Self::overdue_deliveries`] for times up to its `until`, so the next sweeps
+    /// reach the ones behind them. Only while a delivery is as read: a save puts it
+    /// back where its state says. The records themselves are not touched.
+    async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()>;
 }
 
 #[async_trait]

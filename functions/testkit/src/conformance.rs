@@ -227,13 +227,35 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
             .is_empty(),
         "event ids are scoped to their tenant"
     );
-    let other = Event {
-        id: EventId::generate(),
-        ..event.clone()
-    };
-    assert!(
-        store.deliveries_of_event(&other).await.unwrap().is_empty(),
-        "another event of the same millisecond has none of them"
+    // Neighbours of the same millisecond (a backfill stamped to the second), with a
+    // delivery each to two endpoints: every event finds its own two, no other.
+    let second = Endpoint::new(
+        event.tenant_id.clone(),
+        "https://hooks.example.com/2",
+        Utc::now(),
+    );
+    let mut neighbours = Vec::new();
+    for _ in 0..6 {
+        let other = Event {
+            id: EventId::generate(),
+            ..event.clone()
+        };
+        for to in [&endpoint, &second] {
+            let id = DeliveryId::for_event(&other.id, &to.id, other.created_at.timestamp_millis());
+            let d = Delivery::new(id, &other, to.id.clone(), false, Utc::now());
+            store.create_delivery_if_absent(&d).await.unwrap();
+        }
+        neighbours.push(other);
+    }
+    for other in &neighbours {
+        let found = store.deliveries_of_event(other).await.unwrap();
+        assert_eq!(found.len(), 2, "its own two");
+        assert!(found.iter().all(|d| d.event_id == other.id));
+    }
+    assert_eq!(
+        store.deliveries_of_event(&event).await.unwrap().len(),
+        1,
+        "and none of its neighbours'"
     );
 }
 

@@ -1,9 +1,10 @@
 //! Deliveries and attempts in DynamoDB.
 //!
-//! A delivery item is indexed three ways: by tenant, endpoint and day (the admin's
-//! all-tenants log) ([`keys`]); and, while it waits, by due time (the sweeper's
-//! index). An event's deliveries need no index of their own: their ids carry the
-//! event's creation time, so they are the tenant's log entries of that millisecond.
+//! A delivery item lives in its day's partition of the table (the admin's all-tenant
+//! log is the table itself), and is indexed by tenant and endpoint ([`keys`]) and,
+//! while it waits, by due time (the sweeper's index). An event's deliveries need no
+//! index of their own: their ids start with the event's creation time and a hash of
+//! its id, so they are the tenant's log entries that start so.
 //! Attempts live in the delivery's own partition, so "the row plus every attempt" is
 //! one Query.
 
@@ -106,6 +107,33 @@ fn matches(d: &Delivery, q: &DeliveryQuery) -> bool {
         && q.status.is_none_or(|s| s == d.state.status())
         && q.since.is_none_or(|s| d.created_at >= s)
         && q.until.is_none_or(|u| d.created_at < u)
+}
+
+impl DynamoStore {
+    /// Move a delivery's due-index sort key to `until`'s slot. Only the sort key, and
+    /// only on the version read: a save since then wrote the key its state says,
+    /// which is what we leave alone.
+    async fn postpone_one(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
+        let (pk, sk) = keys::delivery(&delivery.id);
+        let moved = self
+            .client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key_of(pk, sk)))
+            .update_expression("SET #due = :slot")
+            .condition_expression("#v = :version AND attribute_exists(#due)")
+            .expression_attribute_names("#due", keys::BY_DUE.sk)
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_values(":slot", s(keys::due_slot(until.timestamp_millis())))
+            .expression_attribute_values(":version", n(delivery.version))
+            .send()
+            .await;
+        match moved {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failure(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
 }
 
 #[async_trait]
@@ -260,10 +288,10 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
-        // The tenant's log entries of the event's millisecond, every shard: a handful
-        // of keys (what the tenant published in that millisecond), read instead of an
-        // index entry written for every delivery.
-        let prefix = keys::delivery_ids_of_ms(event.created_at.timestamp_millis());
+        // The tenant's log entries whose ids start as the event's deliveries' do (its
+        // creation time and 12 bits of its id's hash), every shard: a handful of keys,
+        // read instead of an index entry written for every delivery.
+        let prefix = DeliveryId::prefix_of_event(&event.id, event.created_at.timestamp_millis());
         let mut found = Vec::new();
         for pk in Partition::sharded(
             keys::BY_TENANT,
@@ -377,28 +405,11 @@ impl DeliveryStore for DynamoStore {
         Ok(found)
     }
 
-    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
-        // Only the due index's sort key moves, and only on the version read: a save
-        // since then wrote the key its state says, which is what we leave alone.
-        let (pk, sk) = keys::delivery(&delivery.id);
-        let moved = self
-            .client
-            .update_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key_of(pk, sk)))
-            .update_expression("SET #due = :slot")
-            .condition_expression("#v = :version AND attribute_exists(#due)")
-            .expression_attribute_names("#due", keys::BY_DUE.sk)
-            .expression_attribute_names("#v", "version")
-            .expression_attribute_values(":slot", s(keys::due_slot(until.timestamp_millis())))
-            .expression_attribute_values(":version", n(delivery.version))
-            .send()
-            .await;
-        match moved {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => Ok(()),
-            Err(e) => Err(backend(e)),
+    async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()> {
+        for (delivery, until) in postponed {
+            self.postpone_one(delivery, *until).await?;
         }
+        Ok(())
     }
 
     async fn paused_deliveries(

@@ -22,10 +22,11 @@
 
 use std::time::Duration;
 
-use chrono::Duration as ChronoDuration;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use tracing::{info_span, Instrument};
 
 use crate::delivery::Delivery;
+use crate::event::format_timestamp;
 #[cfg(doc)]
 use crate::ports::DeliveryStore;
 use crate::ports::{Services, StoreResult};
@@ -68,21 +69,21 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
             examined: overdue.len(),
             ..SweepReport::default()
         };
+        let mut postponed = Vec::new();
         for delivery in overdue {
             // The store's index may be a moment behind the delivery itself.
             if delivery.due_at().is_none_or(|due| due > cutoff) {
                 continue;
             }
             // One delivery's failure does not stop the others'.
-            match requeue_once(services, &delivery).await {
-                Ok(queued) => {
-                    report.requeued += usize::from(queued);
-                    // Claimed before, or just now: out of the next runs' way until the
-                    // claim ends (a postponement that fails is made by the next run).
-                    let until = now + ChronoDuration::from_std(SWEEP_CLAIM).unwrap_or_default();
-                    if let Err(e) = services.store.postpone_sweep(&delivery, until).await {
-                        tracing::warn!(delivery_id = %delivery.id, error = %e, "could not postpone a swept delivery");
-                    }
+            match requeue_once(services, &delivery, now).await {
+                Ok(claim) => {
+                    report.requeued += usize::from(claim.queued);
+                    // Claimed now or by an earlier run: out of the next runs' way until
+                    // its claim ends.
+                    let claim_ends =
+                        claim.at + ChronoDuration::from_std(SWEEP_CLAIM).unwrap_or_default();
+                    postponed.push((delivery, claim_ends));
                 }
                 Err(e) => {
                     tracing::error!(delivery_id = %delivery.id, error = %e, "could not queue an overdue delivery again; the next sweep retries")
@@ -92,22 +93,43 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
         if report.requeued > 0 {
             services.metrics.deliveries_swept(report.requeued as u64);
         }
+        // All in one store call (one transaction on SQLite). If it fails, the next run
+        // finds them claimed and postpones them then.
+        if let Err(e) = services.store.postpone_sweep(&postponed).await {
+            tracing::warn!(error = %e, count = postponed.len(), "could not postpone the swept deliveries");
+        }
         Ok(report)
     }
     .instrument(info_span!("sweep"))
     .await
 }
 
-/// Queue `delivery` again unless a sweep did within [`SWEEP_CLAIM`]; whether it did.
-async fn requeue_once(services: &Services, delivery: &Delivery) -> StoreResult<bool> {
+/// A delivery's sweep claim: when it was made, and whether this run made it (and so
+/// queued the delivery).
+struct Claim {
+    at: DateTime<Utc>,
+    queued: bool,
+}
+
+/// Queue `delivery` again unless a sweep did within [`SWEEP_CLAIM`].
+async fn requeue_once(
+    services: &Services,
+    delivery: &Delivery,
+    now: DateTime<Utc>,
+) -> StoreResult<Claim> {
     let claim = format!("sweep:{}", delivery.id);
-    let first = services
+    // The claim records when it was made, so a later run postpones to its end, not
+    // to a claim period from whenever that run happens to see the delivery.
+    if let Some(earlier) = services
         .store
-        .remember_once(&claim, "queued", SWEEP_CLAIM)
+        .remember_once(&claim, &format_timestamp(now), SWEEP_CLAIM)
         .await?
-        .is_none();
-    if !first {
-        return Ok(false);
+    {
+        return Ok(Claim {
+            // A claim from before claims recorded their time counts from now.
+            at: earlier.parse().unwrap_or(now),
+            queued: false,
+        });
     }
     let sent = async {
         // The cap of the endpoint as it is now; one deleted meanwhile still needs the
@@ -134,7 +156,10 @@ async fn requeue_once(services: &Services, delivery: &Delivery) -> StoreResult<b
         due_at = ?delivery.due_at(),
         "queued an overdue delivery again (its message was lost)"
     );
-    Ok(true)
+    Ok(Claim {
+        at: now,
+        queued: true,
+    })
 }
 
 #[cfg(test)]

@@ -73,3 +73,30 @@ async fn a_sweep_reaches_past_the_deliveries_it_already_queued() {
     let again = sweep_overdue(&world.services).await.unwrap();
     assert_eq!(again.requeued, SWEEP_BATCH);
 }
+
+#[tokio::test]
+async fn a_delivery_seen_again_is_postponed_to_its_claims_end() {
+    let world = lost(3).await;
+    let claimed_at = world.clock.now();
+    assert_eq!(sweep_overdue(&world.services).await.unwrap().requeued, 3);
+    // Saved since (its message came back, and it is waiting again): back in the
+    // sweeper's question, still claimed.
+    let store = &world.services.store;
+    let some = store
+        .overdue_deliveries(claimed_at + chrono::Duration::days(1), 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut touched = store.get_delivery(&some.id).await.unwrap().unwrap();
+    touched.updated_at = world.clock.now();
+    store.save_delivery(&touched, &[]).await.unwrap();
+    world.clock.advance(Duration::from_secs(3_600));
+    assert_eq!(sweep_overdue(&world.services).await.unwrap().requeued, 0);
+    // Postponed to the end of the claim made an hour ago, not a claim period from now.
+    let claim_ends = claimed_at + chrono::Duration::from_std(SWEEP_CLAIM).unwrap();
+    let just_after = store
+        .overdue_deliveries(claim_ends + chrono::Duration::minutes(1), 10)
+        .await
+        .unwrap();
+    assert!(just_after.iter().any(|d| d.id == some.id));
+}

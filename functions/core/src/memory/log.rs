@@ -168,10 +168,12 @@ impl DeliveryStore for MemoryStore {
             .collect())
     }
 
-    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
-        self.data()
-            .sweep_postponed
-            .insert(delivery.id.to_string(), (delivery.version, until));
+    async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()> {
+        let mut data = self.data();
+        for (delivery, until) in postponed {
+            data.sweep_postponed
+                .insert(delivery.id.to_string(), (delivery.version, *until));
+        }
         Ok(())
     }
 }

@@ -255,25 +255,34 @@ impl DeliveryStore for SqliteStore {
             .await
     }
 
-    async fn postpone_sweep(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
-        let id = delivery.id.to_string();
-        let version = delivery.version as i64;
-        let until = until.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()> {
+        let rows: Vec<(String, i64, String)> = postponed
+            .iter()
+            .map(|(d, until)| {
+                (
+                    d.id.to_string(),
+                    d.version as i64,
+                    until.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                )
+            })
+            .collect();
         let now = self
             .clock
             .now()
             .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
         self.db
             .call(move |conn| {
-                // Spent postponements go as new ones come: the table holds at most what
-                // the sweeps of one claim period queued.
+                // Spent postponements go as new ones come (by the `until` index): the
+                // table holds at most what the sweeps of one claim period queued.
                 conn.prepare_cached("DELETE FROM sweep_postponed WHERE until < ?1")?
                     .execute([&now])?;
-                conn.prepare_cached(
+                let mut insert = conn.prepare_cached(
                     "INSERT OR REPLACE INTO sweep_postponed (delivery_id, version, until)
                      VALUES (?1, ?2, ?3)",
-                )?
-                .execute(params![id, version, until])?;
+                )?;
+                for (id, version, until) in &rows {
+                    insert.execute(params![id, version, until])?;
+                }
                 Ok(())
             })
             .await

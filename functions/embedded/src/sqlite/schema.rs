@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS sweep_postponed (
     version INTEGER NOT NULL,
     until TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS sweep_postponed_until ON sweep_postponed (until);
 
 CREATE TABLE IF NOT EXISTS attempts (
     id TEXT PRIMARY KEY,

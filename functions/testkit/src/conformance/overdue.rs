@@ -64,13 +64,20 @@ pub async fn overdue_deliveries_come_most_overdue_first(store: &dyn Store) {
     );
 
     // Postponed by the sweeper: out of the answer for times up to `until`, back after.
+    // One postponed as read; one as a version that is not the stored one (changed
+    // since the sweeper read it), which stays where its state says.
     let read = store.get_delivery(&pending.id).await.unwrap().unwrap();
-    store.postpone_sweep(&read, t0 + hours(2)).await.unwrap();
+    let mut stale = store.get_delivery(&delivering.id).await.unwrap().unwrap();
+    stale.version += 1;
+    store
+        .postpone_sweep(&[(read, t0 + hours(2)), (stale, t0 + hours(2))])
+        .await
+        .unwrap();
     let found = store.overdue_deliveries(t0, 100).await.unwrap();
     assert_eq!(
         ids(found),
         [retrying.id.clone(), delivering.id.clone()],
-        "a postponed delivery is left out"
+        "a postponed delivery is left out, a postponement of another version is not"
     );
     let later_on = store.overdue_deliveries(t0 + hours(3), 100).await.unwrap();
     assert!(
