@@ -11,7 +11,12 @@
 //!   finds never attempted).
 //! - [`BacklogBuffer`]: the tenants' backlog counters. Every delivery moves its
 //!   tenant's counter twice (fanned out, finished), each an `UpdateItem` of one write
-//!   unit; summed per tenant over a batch, it is one update per tenant and batch.
+//!   unit; summed per tenant over a batch, it is one update per tenant and batch. The
+//!   price: an invocation that dies before its flush (a timeout) loses its batch's
+//!   moves, not one delivery's, and the messages it finished are not redone to make
+//!   them again. The counter is a brake against runaway publishing, not a ledger
+//!   ([`crate::dynamo`]'s backlog), and a batch is bounded (ten messages at the
+//!   worker, one stream batch at the fan-out).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -94,6 +94,13 @@ async fn fan_out_records(
                 // would block the shard for every tenant behind it. It goes to the
                 // outbox DLQ (alarmed) with the reason, so nothing vanishes unseen; if
                 // even that fails, the batch stops here and Lambda retries it.
+                //
+                // What earlier records hold is sent first: a replay from before this
+                // record would quarantine it (and count it) twice.
+                if let Some(from) = flush(buffer, &mut unsent_from).await {
+                    fail_from(&mut response, from);
+                    return response;
+                }
                 tracing::error!(sequence = %record.sequence_number, error = %e, "quarantining a malformed outbox item");
                 let message = OutgoingMessage {
                     body: serde_json::json!({

@@ -261,3 +261,86 @@ async fn a_delivery_batch_moves_each_tenants_backlog_once() {
         "one update at fan-out and one for the delivery batch"
     );
 }
+
+#[tokio::test]
+async fn a_first_send_that_fails_replays_the_whole_batch() {
+    let Published {
+        world,
+        queue,
+        records,
+        ..
+    } = published(13).await;
+    queue.refuse_from.store(1, Ordering::SeqCst);
+    let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
+    let failures: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone().unwrap())
+        .collect();
+    assert_eq!(failures, ["001"], "nothing was sent: from the first record");
+    assert!(world.deliveries.is_empty());
+}
+
+/// Records 1-3 good, 4 malformed, 5-6 good.
+fn with_a_malformed_fourth(records: &[OutboxRecord]) -> Vec<OutboxRecord> {
+    let mut mixed = records[..3].to_vec();
+    mixed.push(OutboxRecord {
+        sequence_number: "004".into(),
+        event_name: "INSERT".into(),
+        new_image: json!({"pk": {"S": "no.type"}}),
+    });
+    mixed.extend(records[3..5].iter().cloned().enumerate().map(|(i, mut r)| {
+        r.sequence_number = format!("{:03}", i + 5);
+        r
+    }));
+    mixed
+}
+
+#[tokio::test]
+async fn a_malformed_item_is_quarantined_once_after_what_came_before_is_sent() {
+    let Published {
+        world,
+        queue,
+        records,
+        ..
+    } = published(5).await;
+    let parked = world.failures.clone();
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        with_a_malformed_fourth(&records),
+    )
+    .await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(parked.len(), 1, "quarantined");
+    assert_eq!(world.deliveries.len(), 5);
+    assert_eq!(
+        queue.calls.load(Ordering::SeqCst),
+        2,
+        "the three before it sent first, then the two after"
+    );
+
+    // The send before the quarantine fails: the batch replays from the first record,
+    // and the malformed item is not quarantined yet (the replay will, once).
+    let Published {
+        world,
+        queue,
+        records,
+        ..
+    } = published(5).await;
+    queue.refuse_from.store(1, Ordering::SeqCst);
+    let parked = world.failures.clone();
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        with_a_malformed_fourth(&records),
+    )
+    .await;
+    let failures: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone().unwrap())
+        .collect();
+    assert_eq!(failures, ["001"]);
+    assert!(parked.is_empty(), "not quarantined before the replay");
+}

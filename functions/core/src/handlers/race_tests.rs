@@ -107,6 +107,7 @@ async fn a_resumed_delivery_is_pending_before_its_message_is_sent() {
         resume_endpoint: endpoint.id.clone(),
         tenant_id: endpoint.tenant_id.clone(),
         cursor: None,
+        closing: false,
     };
     assert_eq!(resume_step(&services, &task).await.unwrap(), 1);
     assert_eq!(*witness.seen.lock().unwrap(), [DeliveryState::Pending]);

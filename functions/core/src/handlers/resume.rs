@@ -20,6 +20,12 @@ use super::task::DeliveryTask;
 const RESUME_BATCH: usize = 100;
 /// Round trips one resume step makes before it hands over to the next message.
 const RESUME_BATCHES_PER_STEP: usize = 10;
+/// How long after the first pass the closing pass starts. A delivery can be paused
+/// just after the enable by a writer that still read the endpoint disabled (the
+/// fan-out's endpoint list is an eventually consistent read on AWS, about a second
+/// behind); it may sit where the first pass had already looked. The closing pass,
+/// from the start, comes late enough to find it.
+pub const RESUME_CLOSING_PASS_DELAY: Duration = Duration::from_secs(10);
 
 /// "Resume this endpoint's paused deliveries": a delivery-queue message of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,23 +35,32 @@ pub struct ResumeTask {
     /// Where the previous step stopped (the store's cursor); absent at the start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
+    /// Whether this is the closing pass (see [`RESUME_CLOSING_PASS_DELAY`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closing: bool,
 }
 
 impl ResumeTask {
     pub fn message(endpoint: &Endpoint) -> OutgoingMessage {
-        Self::message_from(endpoint, None)
+        Self::message_from(endpoint, None, false, Duration::ZERO)
     }
 
-    fn message_from(endpoint: &Endpoint, cursor: Option<String>) -> OutgoingMessage {
+    fn message_from(
+        endpoint: &Endpoint,
+        cursor: Option<String>,
+        closing: bool,
+        delay: Duration,
+    ) -> OutgoingMessage {
         let task = Self {
             resume_endpoint: endpoint.id.clone(),
             tenant_id: endpoint.tenant_id.clone(),
             cursor,
+            closing,
         };
         OutgoingMessage {
             body: serde_json::to_string(&task).expect("a task serialises"),
             group: endpoint.tenant_id.to_string(),
-            delay: Duration::ZERO,
+            delay,
             concurrency_key: None,
             concurrency_limit: 0,
         }
@@ -75,15 +90,20 @@ pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<
         let (moved, next) = resume_batch(services, &endpoint, cursor.as_deref()).await?;
         resumed += moved;
         match next {
-            None => return Ok(resumed),
+            None if task.closing => return Ok(resumed),
+            None => {
+                // The first pass is through: one more, from the start, a little later.
+                let closing =
+                    ResumeTask::message_from(&endpoint, None, true, RESUME_CLOSING_PASS_DELAY);
+                services.deliveries.send(vec![closing]).await?;
+                return Ok(resumed);
+            }
             next => cursor = next,
         }
     }
     // More may wait: hand over to a fresh message (and, on AWS, a fresh invocation).
-    services
-        .deliveries
-        .send(vec![ResumeTask::message_from(&endpoint, cursor)])
-        .await?;
+    let next = ResumeTask::message_from(&endpoint, cursor, task.closing, Duration::ZERO);
+    services.deliveries.send(vec![next]).await?;
     Ok(resumed)
 }
 

@@ -47,6 +47,7 @@ async fn a_resume_hands_over_where_it_stopped() {
         resume_endpoint: endpoint.id.clone(),
         tenant_id: tenant.clone(),
         cursor: None,
+        closing: false,
     };
     assert_eq!(
         resume_step(&world.services, &first).await.unwrap(),
@@ -85,4 +86,51 @@ async fn a_resume_hands_over_where_it_stopped() {
     assert!(rest
         .iter()
         .all(|m| serde_json::from_str::<ResumeTask>(&m.body).is_err()));
+
+    // A writer that still read the endpoint disabled pauses one more delivery after
+    // the first pass went by; the closing pass, a little later, finds it.
+    let event = Event {
+        id: EventId::generate(),
+        tenant_id: tenant.clone(),
+        event_type: "invoice.paid".into(),
+        payload: "{}".into(),
+        created_at: world.clock.now(),
+    };
+    let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+    let mut late = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
+    late.state = DeliveryState::Paused;
+    world
+        .services
+        .store
+        .create_delivery_if_absent(&late)
+        .await
+        .unwrap();
+    world.clock.advance(RESUME_CLOSING_PASS_DELAY);
+    let closing: Vec<ResumeTask> = world
+        .services
+        .deliveries
+        .receive(10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| serde_json::from_str::<ResumeTask>(&m.body).ok())
+        .collect();
+    assert_eq!(closing.len(), 1);
+    assert!(closing[0].closing && closing[0].cursor.is_none());
+    assert_eq!(resume_step(&world.services, &closing[0]).await.unwrap(), 1);
+    let stored = world
+        .services
+        .store
+        .get_delivery(&late.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, DeliveryState::Pending);
+    let after = world
+        .services
+        .deliveries
+        .receive(10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 1, "its message, and no further pass");
 }

@@ -9,8 +9,9 @@ use entrega_core::ports::Store;
 
 use super::tenant;
 
-/// Paused deliveries of one endpoint come a page at a time, each once, the others
-/// (waiting ones, another endpoint's) never; the cursor ends when they do.
+/// Paused deliveries of one endpoint come a page at a time, each once, while each
+/// page's move on (as a resume moves them), the others (waiting ones, another
+/// endpoint's) never; the cursor ends when they do.
 pub async fn paused_deliveries_page_through_once(store: &dyn Store) {
     let t = tenant(store).await;
     let now = Utc::now();
@@ -49,6 +50,12 @@ pub async fn paused_deliveries_page_through_once(store: &dyn Store) {
             assert_eq!(d.endpoint_id, endpoint.id);
             assert_eq!(d.state, DeliveryState::Paused);
         }
+        // As a resume does: each page's deliveries move on before the next page.
+        for d in &page.data {
+            let mut resumed = d.clone();
+            resumed.state = DeliveryState::Pending;
+            store.save_delivery(&resumed, &[]).await.unwrap();
+        }
         seen.extend(page.data.into_iter().map(|d| d.id));
         match page.next_cursor {
             Some(next) => cursor = Some(next),
@@ -58,4 +65,12 @@ pub async fn paused_deliveries_page_through_once(store: &dyn Store) {
     seen.sort();
     paused.sort();
     assert_eq!(seen, paused, "every paused delivery of the endpoint, once");
+    let again = store
+        .paused_deliveries(&endpoint.id, None, 2)
+        .await
+        .unwrap();
+    assert!(
+        again.data.is_empty() && again.next_cursor.is_none(),
+        "none left"
+    );
 }
