@@ -126,6 +126,15 @@ async fn published(n: usize) -> Published {
     }
 }
 
+/// The records a response asks Lambda to replay from.
+fn failed_from(response: &DynamoDbEventResponse) -> Vec<String> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone().unwrap_or_default())
+        .collect()
+}
+
 fn quarantine(world: &World) -> Arc<dyn MessageQueue> {
     world.services.failures.clone()
 }
@@ -184,11 +193,7 @@ async fn a_failed_send_replays_from_the_first_record_it_held() {
         records.clone(),
     )
     .await;
-    let failures: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone().unwrap())
-        .collect();
+    let failures = failed_from(&response);
     assert_eq!(
         failures,
         ["011"],
@@ -272,11 +277,7 @@ async fn a_first_send_that_fails_replays_the_whole_batch() {
     } = published(13).await;
     queue.refuse_from.store(1, Ordering::SeqCst);
     let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
-    let failures: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone().unwrap())
-        .collect();
+    let failures = failed_from(&response);
     assert_eq!(failures, ["001"], "nothing was sent: from the first record");
     assert!(world.deliveries.is_empty());
 }
@@ -336,11 +337,7 @@ async fn a_malformed_item_is_quarantined_once_after_what_came_before_is_sent() {
         with_a_malformed_fourth(&records),
     )
     .await;
-    let failures: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone().unwrap())
-        .collect();
+    let failures = failed_from(&response);
     assert_eq!(failures, ["001"]);
     assert!(parked.is_empty(), "not quarantined before the replay");
 }

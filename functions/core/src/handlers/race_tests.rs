@@ -13,23 +13,18 @@ use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
-use crate::ids::TenantId;
 use crate::memory::{MemoryQueue, World};
 use crate::ports::{
     Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
 };
 
 async fn world_with_endpoint() -> (World, Endpoint) {
-    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 3);
-    let tenant = world
-        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
-        .await
-        .unwrap();
-    let endpoint = world
-        .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
-        .await
-        .unwrap();
-    (world, endpoint)
+    World::with_endpoint(
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+        3,
+        |_| {},
+    )
+    .await
 }
 
 /// A delivery queue that notes, at each send, the state of the delivery each message

@@ -3,45 +3,18 @@
 use chrono::{TimeZone, Utc};
 
 use super::*;
-use crate::delivery::Delivery;
-use crate::event::Event;
-use crate::ids::{DeliveryId, EventId};
 use crate::memory::World;
-use crate::ports::Clock;
 
 #[tokio::test]
 async fn a_resume_hands_over_where_it_stopped() {
-    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 7);
-    let tenant = world
-        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
-        .await
-        .unwrap();
-    let endpoint = world
-        // A cap above the count, so the queue hands every message out at once.
-        .add_endpoint(&tenant, "https://hooks.acme.example/", |e| {
-            e.max_concurrency = 2_000
-        })
-        .await
-        .unwrap();
+    let start = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    // A cap above the count, so the queue hands every message out at once.
+    let (world, endpoint) = World::with_endpoint(start, 7, |e| e.max_concurrency = 2_000).await;
+    let tenant = endpoint.tenant_id.clone();
     let per_step = RESUME_BATCH * RESUME_BATCHES_PER_STEP;
+    let paused = |d: &mut crate::delivery::Delivery| d.state = DeliveryState::Paused;
     for _ in 0..per_step + 50 {
-        let event = Event {
-            id: EventId::generate(),
-            tenant_id: tenant.clone(),
-            event_type: "invoice.paid".into(),
-            payload: "{}".into(),
-            created_at: world.clock.now(),
-        };
-        let id =
-            DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-        let mut paused = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
-        paused.state = DeliveryState::Paused;
-        world
-            .services
-            .store
-            .create_delivery_if_absent(&paused)
-            .await
-            .unwrap();
+        world.add_delivery(&endpoint, paused).await.unwrap();
     }
     let first = ResumeTask {
         resume_endpoint: endpoint.id.clone(),
@@ -89,22 +62,7 @@ async fn a_resume_hands_over_where_it_stopped() {
 
     // A writer that still read the endpoint disabled pauses one more delivery after
     // the first pass went by; the closing pass, a little later, finds it.
-    let event = Event {
-        id: EventId::generate(),
-        tenant_id: tenant.clone(),
-        event_type: "invoice.paid".into(),
-        payload: "{}".into(),
-        created_at: world.clock.now(),
-    };
-    let id = DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-    let mut late = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
-    late.state = DeliveryState::Paused;
-    world
-        .services
-        .store
-        .create_delivery_if_absent(&late)
-        .await
-        .unwrap();
+    let late = world.add_delivery(&endpoint, paused).await.unwrap();
     world.clock.advance(RESUME_CLOSING_PASS_DELAY);
     let closing: Vec<ResumeTask> = world
         .services

@@ -5,41 +5,16 @@ use std::time::Duration;
 use chrono::{TimeZone, Utc};
 
 use super::*;
-use crate::delivery::Delivery;
-use crate::event::Event;
-use crate::ids::{DeliveryId, EventId, TenantId};
 use crate::memory::World;
 use crate::ports::Clock;
 
 /// `n` deliveries of one endpoint whose messages were lost, then time moved past the
 /// sweeper's grace.
 async fn lost(n: usize) -> World {
-    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(), 5);
-    let tenant = world
-        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
-        .await
-        .unwrap();
-    let endpoint = world
-        .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
-        .await
-        .unwrap();
+    let start = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let (world, endpoint) = World::with_endpoint(start, 5, |_| {}).await;
     for _ in 0..n {
-        let event = Event {
-            id: EventId::generate(),
-            tenant_id: tenant.clone(),
-            event_type: "invoice.paid".into(),
-            payload: "{}".into(),
-            created_at: world.clock.now(),
-        };
-        let id =
-            DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-        let delivery = Delivery::new(id, &event, endpoint.id.clone(), false, world.clock.now());
-        world
-            .services
-            .store
-            .create_delivery_if_absent(&delivery)
-            .await
-            .unwrap();
+        world.add_delivery(&endpoint, |_| {}).await.unwrap();
         world.clock.advance(Duration::from_millis(10));
     }
     world.clock.advance(Duration::from_secs(20 * 60));

@@ -10,8 +10,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{MemoryQueue, MemoryStore};
+use crate::delivery::Delivery;
 use crate::endpoint::Endpoint;
-use crate::ids::TenantId;
+use crate::event::Event;
+use crate::ids::{DeliveryId, EventId, TenantId};
 use crate::outcome::TransportResult;
 use crate::ports::{
     Clock, ManualClock, NoBacklog, NoMetrics, Notice, Notifier, SeededRandom, Services, Settings,
@@ -168,5 +170,48 @@ impl World {
         configure(&mut endpoint);
         self.services.store.create_endpoint(&endpoint).await?;
         Ok(endpoint)
+    }
+
+    /// A world at `start` with one tenant and its one endpoint, set up by `configure`.
+    pub async fn with_endpoint(
+        start: DateTime<Utc>,
+        seed: u64,
+        configure: impl FnOnce(&mut Endpoint),
+    ) -> (Self, Endpoint) {
+        let world = Self::new(start, seed);
+        let tenant = world
+            .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+            .await
+            .expect("the memory store takes a tenant");
+        let endpoint = world
+            .add_endpoint(&tenant, "https://hooks.acme.example/", configure)
+            .await
+            .expect("the memory store takes an endpoint");
+        (world, endpoint)
+    }
+
+    /// A delivery to `endpoint` of a new event made now, set up by `configure`, stored
+    /// without a message (as if its message were lost, or never needed).
+    pub async fn add_delivery(
+        &self,
+        endpoint: &Endpoint,
+        configure: impl FnOnce(&mut Delivery),
+    ) -> StoreResult<Delivery> {
+        let now = self.clock.now();
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: endpoint.tenant_id.clone(),
+            event_type: "invoice.paid".into(),
+            payload: "{}".into(),
+            created_at: now,
+        };
+        let id = DeliveryId::for_event(&event.id, &endpoint.id, now.timestamp_millis());
+        let mut delivery = Delivery::new(id, &event, endpoint.id.clone(), false, now);
+        configure(&mut delivery);
+        self.services
+            .store
+            .create_delivery_if_absent(&delivery)
+            .await?;
+        Ok(delivery)
     }
 }
