@@ -189,9 +189,9 @@ pub trait DeliveryStore: Send + Sync {
     ) -> StoreResult<Delivery>;
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
-    /// Every delivery of `event`, in id order. Their ids carry the event's creation
-    /// time ([`DeliveryId::for_event`]), so a store can find them among the tenant's
-    /// deliveries of that millisecond instead of keeping an index per event.
+    /// Every delivery of `event`, in id order. Their ids share a start
+    /// ([`DeliveryId::prefix_of_event`]), so a store can find them among the tenant's
+    /// deliveries by it instead of keeping an index per event.
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
     /// Attempts at an endpoint started at or after `since`, newest first, at most `limit`.
     async fn endpoint_attempts_since(

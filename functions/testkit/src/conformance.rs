@@ -257,6 +257,20 @@ pub async fn deliveries_are_created_once_and_attempts_append(store: &dyn Store) 
         1,
         "and none of its neighbours'"
     );
+    // Even one whose id starts as this event's do (a hash clash, one in 262 144).
+    let clash = Event {
+        id: EventId::generate(),
+        ..event.clone()
+    };
+    let start = DeliveryId::prefix_of_event(&event.id, event.created_at.timestamp_millis());
+    let forged: DeliveryId = format!("{start}{:014x}", rand::random::<u64>() >> 8)
+        .parse()
+        .expect("a valid id");
+    let d = Delivery::new(forged, &clash, second.id.clone(), false, Utc::now());
+    store.create_delivery_if_absent(&d).await.unwrap();
+    let found = store.deliveries_of_event(&event).await.unwrap();
+    assert_eq!(found.len(), 1, "the clash is not the event's");
+    assert_eq!(found[0].event_id, event.id);
 }
 
 /// A remembered key can be forgotten (a claim whose request failed).

@@ -57,6 +57,18 @@ impl DynamoStore {
                     s(keys::due_slot(due.timestamp_millis())),
                 ),
             ]);
+        } else if d.state == DeliveryState::Paused {
+            // Only while paused: a resume reads these, not the endpoint's whole log.
+            item.extend([
+                (
+                    keys::BY_DUE.pk.to_owned(),
+                    s(keys::sharded(
+                        &keys::endpoint_paused(&d.endpoint_id),
+                        owner_shard,
+                    )),
+                ),
+                (keys::BY_DUE.sk.to_owned(), s(id)),
+            ]);
         }
         item
     }
@@ -94,6 +106,9 @@ impl DynamoStore {
         Ok(())
     }
 }
+
+/// Postponements sent at once by one sweep (each is an UpdateItem of its own).
+const POSTPONE_AT_ONCE: usize = 16;
 
 /// Days of the admin's all-tenant log one list request reads at most (each within
 /// the page budget of one listing); the rest is a cursor.
@@ -289,7 +304,7 @@ impl DeliveryStore for DynamoStore {
 
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
         // The tenant's log entries whose ids start as the event's deliveries' do (its
-        // creation time and 12 bits of its id's hash), every shard: a handful of keys,
+        // creation time and 18 bits of its id's hash), every shard: a handful of keys,
         // read instead of an index entry written for every delivery.
         let prefix = DeliveryId::prefix_of_event(&event.id, event.created_at.timestamp_millis());
         let mut found = Vec::new();
@@ -373,10 +388,10 @@ impl DeliveryStore for DynamoStore {
         let end = keys::due_slot(before.timestamp_millis());
         let mut entries: Vec<Item> = Vec::new();
         // One page per shard is enough: each is asked for the whole limit (keys only, a
-        // few bytes each), and the merge keeps the most overdue of them all.
-        for shard in 0..keys::DUE_SHARDS {
-            let out = self
-                .client
+        // few bytes each), and the merge keeps the most overdue of them all. The
+        // shards are read side by side: the sweeper runs within a function timeout.
+        let reads = (0..keys::DUE_SHARDS).map(|shard| {
+            self.client
                 .query()
                 .table_name(&self.main_table)
                 .index_name(keys::BY_DUE.name)
@@ -387,9 +402,9 @@ impl DeliveryStore for DynamoStore {
                 .expression_attribute_values(":end", s(end.clone()))
                 .limit(limit.clamp(1, 1_000) as i32)
                 .send()
-                .await
-                .map_err(backend)?;
-            entries.extend(out.items().iter().cloned());
+        });
+        for out in futures_util::future::join_all(reads).await {
+            entries.extend(out.map_err(backend)?.items().iter().cloned());
         }
         let sort_key = |e: &Item| get_s(e, keys::BY_DUE.sk).unwrap_or_default().to_owned();
         entries.sort_by_key(sort_key);
@@ -406,10 +421,20 @@ impl DeliveryStore for DynamoStore {
     }
 
     async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()> {
-        for (delivery, until) in postponed {
-            self.postpone_one(delivery, *until).await?;
+        // Side by side, a bounded number at a time; one that fails (a throttle) does
+        // not stop the others, and the next run postpones it.
+        let mut first_error = Ok(());
+        for chunk in postponed.chunks(POSTPONE_AT_ONCE) {
+            let moves = chunk
+                .iter()
+                .map(|(delivery, until)| self.postpone_one(delivery, *until));
+            for outcome in futures_util::future::join_all(moves).await {
+                if first_error.is_ok() {
+                    first_error = outcome;
+                }
+            }
         }
-        Ok(())
+        first_error
     }
 
     async fn paused_deliveries(
@@ -418,12 +443,11 @@ impl DeliveryStore for DynamoStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> StoreResult<Page<Delivery>> {
-        // The endpoint's log, newest first from the cursor, keeping the paused: each
-        // page goes on where the last stopped, so resuming a million paused
-        // deliveries reads the log once, not once per page.
+        // The endpoint's paused deliveries (a sparse index of them alone), newest
+        // first from the cursor; the filter drops any the index shows a moment late.
         let part = Partition::sharded(
-            keys::BY_ENDPOINT,
-            keys::endpoint_deliveries(endpoint),
+            keys::BY_DUE,
+            keys::endpoint_paused(endpoint),
             keys::OWNER_SHARDS,
         );
         let mut pages = 0;

@@ -47,7 +47,7 @@ pub const BY_PARENT: Gsi = Gsi {
     sk: "gsi4sk",
 };
 /// By due time: the waiting deliveries, for the sweeper (sparse: an item leaves it when
-/// it stops waiting).
+/// it stops waiting); and, in partitions of their own, each endpoint's paused ones.
 pub const BY_DUE: Gsi = Gsi {
     name: "gsi5",
     pk: "gsi5pk",
@@ -162,6 +162,12 @@ pub fn endpoint_slot(endpoint: &EndpointId, slot: u32) -> String {
 }
 
 // Index partitions.
+
+/// [`BY_DUE`]: an endpoint's paused deliveries (sparse: a delivery is in it only
+/// while paused, and never in the due partitions then), for the background resume.
+pub fn endpoint_paused(endpoint: &EndpointId) -> String {
+    format!("PAUSED#{endpoint}")
+}
 
 /// [`BY_DUE`]: the partition of a waiting delivery.
 pub fn due(delivery: &DeliveryId) -> String {

@@ -27,10 +27,11 @@
 //! | read / save a delivery (worker, resend) | the same | consistent Get; Put conditional on `version` |
 //! | append attempts, list a delivery's attempts | main `DLV#<id>`, `sk` = `ATT#<gen>#<n>#<id>` | Put; Query |
 //! | a tenant's delivery log | gsi1 `T#<tenant>#<0..3>` | Query each shard + BatchGet, merge |
-//! | an endpoint's delivery log, paused deliveries | gsi2 `E#<endpoint>#<0..3>` | same |
+//! | an endpoint's delivery log | gsi2 `E#<endpoint>#<0..3>` | same |
+//! | an endpoint's paused deliveries (background resume) | gsi5 `PAUSED#<endpoint>#<0..3>`, sparse: only while paused | same, from the resume's cursor |
 //! | an endpoint's attempts since (stats) | gsi2 `EA#<endpoint>#<0..3>`, `sk` = time | same |
 //! | every tenant's log (admin) | main `D#<day>#<0..3f>`: the delivery items themselves | Query each shard side by side, merge; day by day, at most 4 a request |
-//! | an event's deliveries | gsi1 `T#<tenant>#<0..3>`, `sk` starting with the event's millisecond (delivery ids carry it) | Query each shard + BatchGet, keep the event's |
+//! | an event's deliveries | gsi1 `T#<tenant>#<0..3>`, `sk` starting with the event's creation time and id hash (`DeliveryId::prefix_of_event`) | Query each shard + BatchGet, keep the event's |
 //! | failure by id, acknowledge | main `FAIL#<id>` | Get; Update conditional on the record read |
 //! | a tenant's / all failures | gsi1 `TF#<tenant>` / gsi3 `ALL_FAIL` | Query + BatchGet |
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |
@@ -48,7 +49,8 @@
 //! 10 000/s across 1 000 tenants (README, "The DynamoDB data model").
 //!
 //! What no longer costs a write: an event's deliveries are found among its tenant's
-//! log entries of the event's millisecond (an index entry per delivery before), and
+//! log entries whose ids start as its deliveries' do (an index entry per delivery
+//! before), and
 //! the admin's all-tenant log is the table itself, the delivery items kept in their
 //! day's partition (an index entry per delivery before).
 

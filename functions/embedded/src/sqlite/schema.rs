@@ -97,7 +97,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, id);
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries (endpoint_id, state, id);
-CREATE INDEX IF NOT EXISTS deliveries_by_tenant_event ON deliveries (tenant_id, event_id);
+-- One delivery per event and endpoint, whatever its id (ids were derived otherwise
+-- by earlier builds): also an event's deliveries, by its first two columns.
+DROP INDEX IF EXISTS deliveries_by_tenant_event;
+CREATE UNIQUE INDEX IF NOT EXISTS deliveries_of_event_endpoint
+    ON deliveries (tenant_id, event_id, endpoint_id);
 -- The sweeper's question: waiting deliveries by when they were due (next attempt, or
 -- the end of the lease of the attempt under way). Partial: only waiting ones.
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries
