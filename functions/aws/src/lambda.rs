@@ -116,9 +116,9 @@ async fn fan_out_records(
                     concurrency_limit: 0,
                 };
                 if let Err(e) = quarantine.send(vec![message]).await {
+                    // Nothing is held: what came before was sent just above.
                     tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
-                    let from = flushed_or(buffer, &mut unsent_from, record.sequence_number).await;
-                    fail_from(&mut response, from);
+                    fail_from(&mut response, record.sequence_number);
                     return response;
                 }
                 batched.metrics.outbox_item_refused();

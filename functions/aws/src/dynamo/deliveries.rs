@@ -450,24 +450,12 @@ impl DeliveryStore for DynamoStore {
             keys::endpoint_paused(endpoint),
             keys::OWNER_SHARDS,
         );
-        let mut pages = 0;
-        let found = self
-            .collect_desc(
-                &part,
-                cursor,
-                limit,
-                &|item| from_json::<Delivery>(item).is_ok_and(|d| d.state == DeliveryState::Paused),
-                &mut pages,
-            )
-            .await?;
-        let data = found
-            .items
-            .iter()
-            .map(|(_, item)| from_json(item))
-            .collect::<Result<Vec<Delivery>, _>>()?;
-        Ok(Page {
-            data,
-            next_cursor: found.more.then_some(found.last_seen).flatten(),
+        let paused = |item: &Item| {
+            from_json::<Delivery>(item).is_ok_and(|d| d.state == DeliveryState::Paused)
+        };
+        self.page_of(&part, cursor, limit, &paused, from_json, |d: &Delivery| {
+            d.id.to_string()
         })
+        .await
     }
 }

@@ -177,7 +177,7 @@ impl DynamoStore {
             "#pk = :pk"
         };
         let (pk_attr, sk_attr) = index.map_or((PK, SK), |g| (g.pk, g.sk));
-        while found.items.len() < want && pages < budget.max(1) {
+        while found.items.len() < want && pages < budget {
             pages += 1;
             let mut query = self
                 .client

@@ -4,10 +4,9 @@
 //! Base-table items are single records under `pk` (sort key [`super::ONLY`]), except
 //! deliveries, which sit in their day's log partition sorted by id ([`delivery`]), and
 //! a delivery's attempts, which share a partition of their own. The five GSIs are
-//! generic and
-//! KEYS_ONLY: an index answers "which items, in what order"; the items themselves are
-//! read from the table ([`super::DynamoStore::fetch_items`]), so a state change never
-//! rewrites an index copy.
+//! generic and KEYS_ONLY: an index answers "which items, in what order"; the items
+//! themselves are read from the table ([`super::DynamoStore::fetch_items`]), so a
+//! state change never rewrites an index copy.
 
 use chrono::{TimeZone, Utc};
 use entrega_core::delivery::Attempt;

@@ -50,9 +50,8 @@
 //!
 //! What no longer costs a write: an event's deliveries are found among its tenant's
 //! log entries whose ids start as its deliveries' do (an index entry per delivery
-//! before), and
-//! the admin's all-tenant log is the table itself, the delivery items kept in their
-//! day's partition (an index entry per delivery before).
+//! before), and the admin's all-tenant log is the table itself, the delivery items
+//! kept in their day's partition (an index entry per delivery before).
 
 mod backlog;
 mod deliveries;

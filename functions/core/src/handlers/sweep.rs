@@ -16,7 +16,7 @@
 //! it from being queued again for [`SWEEP_CLAIM`], so a delivery that is only late
 //! (a deep backlog, not a lost message) gains at most one extra message that often.
 //! A queued delivery is also left out of the sweeper's question for that long
-//! ([`DeliveryStore::postpone_sweep`]): otherwise, behind a deep backlog, every run
+//! ([`crate::ports::DeliveryStore::postpone_sweep`]): otherwise, behind a deep backlog, every run
 //! would read the same most overdue [`SWEEP_BATCH`] again, all claimed, and never
 //! reach a lost message behind them.
 
@@ -27,8 +27,6 @@ use tracing::{info_span, Instrument};
 
 use crate::delivery::Delivery;
 use crate::event::format_timestamp;
-#[cfg(doc)]
-use crate::ports::DeliveryStore;
 use crate::ports::{Services, StoreResult};
 
 use super::task::DeliveryTask;

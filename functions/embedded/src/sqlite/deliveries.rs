@@ -11,6 +11,13 @@ use rusqlite::{params, params_from_iter, Connection};
 
 use super::{json_row, json_rows, ts, DbError, SqliteStore};
 
+/// A time as serde stores it in a record's JSON (RFC 3339, UTC, `Z`), to compare as
+/// text with the times in it: ordered as the times are, to within a second's
+/// fraction digits.
+fn json_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
 fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
     json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
 }
@@ -238,9 +245,7 @@ impl DeliveryStore for SqliteStore {
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
-        // Compared as text in the form serde stores (RFC 3339, UTC, `Z`): ordered as
-        // the times are, to within a second's fraction digits.
-        let before = before.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        let before = json_time(before);
         self.db
             .read(move |conn| {
                 read_many(
@@ -265,18 +270,9 @@ impl DeliveryStore for SqliteStore {
     async fn postpone_sweep(&self, postponed: &[(Delivery, DateTime<Utc>)]) -> StoreResult<()> {
         let rows: Vec<(String, i64, String)> = postponed
             .iter()
-            .map(|(d, until)| {
-                (
-                    d.id.to_string(),
-                    d.version as i64,
-                    until.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                )
-            })
+            .map(|(d, until)| (d.id.to_string(), d.version as i64, json_time(*until)))
             .collect();
-        let now = self
-            .clock
-            .now()
-            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        let now = json_time(self.clock.now());
         self.db
             .call(move |conn| {
                 // Spent postponements go as new ones come (by the `until` index): the

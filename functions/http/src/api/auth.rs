@@ -85,8 +85,9 @@ impl Caller {
         }
     }
 
-    /// [`Self::owning_tenant`], and for the admin, a tenant that exists: an event or
-    /// endpoint of a tenant nobody created would be accepted and never seen again.
+    /// [`Self::owning_tenant`], and for the admin, a tenant that exists: an event of a
+    /// tenant nobody created would be accepted and never seen again. (A tenant's own
+    /// key always names an existing one, so publishing reads nothing more for it.)
     pub async fn owning_existing_tenant(
         &self,
         state: &AppState,

@@ -202,9 +202,7 @@ pub(super) async fn create_endpoint(
     caller: Caller,
     JsonBody(body): JsonBody<CreateEndpoint>,
 ) -> ApiResult<(StatusCode, Json<EndpointView>)> {
-    let tenant_id = caller
-        .owning_existing_tenant(&state, body.tenant_id)
-        .await?;
+    let tenant_id = caller.owning_tenant(body.tenant_id)?;
     if state.services.store.get_tenant(&tenant_id).await?.is_none() {
         return Err(ApiError::invalid("tenant_id", "no such tenant"));
     }
