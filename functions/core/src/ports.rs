@@ -187,6 +187,22 @@ pub trait DeliveryStore: Send + Sync {
         delivery: &Delivery,
         attempts: &[Attempt],
     ) -> StoreResult<Delivery>;
+    /// [`Self::save_delivery`] for the write before an at-least-once attempt, which a
+    /// store may return from before it has committed, with the delivery it will write
+    /// (version + 1), if it commits its writes in the order they are made. What that
+    /// saves: the attempt's wait for a commit. Why it is safe: the write is a lease
+    /// against duplicate messages, not a promise (at least once, a duplicate send is
+    /// allowed, and a crash before it commits only means the attempt is made again);
+    /// the outcome the caller writes next is conditional on the version this one writes,
+    /// so it commits after it, and a write of this one that fails or loses to another
+    /// shows up as that write's conflict. The default waits for the commit.
+    async fn save_delivery_ahead(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<Delivery> {
+        self.save_delivery(delivery, attempts).await
+    }
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
     /// Every delivery of `event`, in id order. Their ids share a start

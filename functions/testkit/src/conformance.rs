@@ -11,11 +11,13 @@ use entrega_core::ids::{AttemptId, DeliveryId, EndpointId, EventId, FailureId, T
 use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
+mod ahead;
 mod overdue;
 mod paused;
 mod queue;
 mod slots;
 
+pub use ahead::a_write_ahead_lands_before_the_next;
 pub use overdue::overdue_deliveries_come_most_overdue_first;
 pub use paused::paused_deliveries_page_through_once;
 pub use queue::{every_queue_promise, StaleReceipts};
@@ -26,6 +28,7 @@ pub async fn every_promise(store: &dyn Store) {
     endpoint_config_and_health_are_versioned_apart(store).await;
     event_ids_are_scoped_to_their_tenant(store).await;
     deliveries_are_created_once_and_attempts_append(store).await;
+    a_write_ahead_lands_before_the_next(store).await;
     remembered_keys_can_be_forgotten(store).await;
     tenants_list_newest_first_in_pages(store).await;
     failures_are_found_by_delivery_and_acknowledged(store).await;

@@ -276,15 +276,24 @@ impl Attempting<'_> {
         read: &Delivery,
         step: state_machine::Step,
     ) -> StoreResult<Disposition> {
-        // Persisted *before* sending. At most once, this write is the guarantee; at
-        // least once, it is what keeps a duplicate message (a replayed fan-out, a
-        // sweep, SQS's own) from sending the same delivery again while this attempt
-        // runs: the other worker finds the lease (`Skip::Busy`) and, after it, the
-        // outcome.
-        let saved = services
-            .store
-            .save_delivery(&step.delivery, &step.attempts())
-            .await;
+        // Persisted *before* sending. At most once, this write is the guarantee, so
+        // it is on disk before the request goes. At least once, it is what keeps a
+        // duplicate message (a replayed fan-out, a sweep, SQS's own) from sending the
+        // same delivery again while this attempt runs (the other worker finds the
+        // lease, `Skip::Busy`, and after it the outcome): a store may let the attempt
+        // go before it commits (see `save_delivery_ahead`), as a duplicate send in
+        // that moment is within the promise.
+        let saved = if step.sends() && self.endpoint.mode == DeliveryMode::AtLeastOnce {
+            services
+                .store
+                .save_delivery_ahead(&step.delivery, &step.attempts())
+                .await
+        } else {
+            services
+                .store
+                .save_delivery(&step.delivery, &step.attempts())
+                .await
+        };
         let delivery = match saved {
             Ok(saved) => saved,
             Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),

@@ -6,9 +6,9 @@
 //! pays a commit (an fsync, with full durability) per caller. Callers that arrive
 //! while a commit runs are queued and go into the next transaction together, so under
 //! load one fsync covers a whole group, and at low load a lone write commits at once
-//! (nothing waits for a group to fill). Each caller's work runs in its own savepoint:
-//! a caller whose work fails is rolled back alone, and nobody is told "done" before
-//! the transaction holding their work has committed.
+//! (nothing waits for a group to fill). A caller whose work fails is rolled back
+//! alone (see `writer.rs` for how, without a savepoint per caller), and nobody is
+//! told "done" before the transaction holding their work has committed.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -17,18 +17,12 @@ use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+use super::writer::{write_loop, Detached, Job, WriteJob};
 use super::{schema, DbError};
 
 /// How long a statement waits for a lock held by another connection (an operator's
 /// `sqlite3` shell) before failing.
 const BUSY_TIMEOUT_MS: u32 = 5_000;
-/// Writes committed together at most: bounds how long the first caller of a group
-/// waits for the others' work, and the size of one transaction.
-const MAX_GROUP: usize = 256;
-/// A group this large means the writer is busy: it lingers [`LINGER`] to fill it.
-/// A lone write (low load) never waits.
-const BUSY_GROUP: usize = 8;
-const LINGER: std::time::Duration = std::time::Duration::from_micros(300);
 /// Writes queued for the writer at most; past it callers wait (backpressure) rather
 /// than grow memory without bound.
 const WRITE_QUEUE: usize = 4_096;
@@ -42,9 +36,14 @@ const CACHE_KIB: i64 = 32 * 1024;
 /// whole cache whenever it finds the database changed since its last read, which under
 /// load is every read, and dropping a large cache costs more than it saves.
 const READER_CACHE_KIB: i64 = 1024;
-/// Memory-mapped I/O: reads of pages not in the cache are served from the OS page
-/// cache without a system call each.
+/// Memory-mapped I/O for the writer: reads of pages not in its cache are served from
+/// the OS page cache without a system call each.
 const MMAP_BYTES: i64 = 256 * 1024 * 1024;
+/// None for the readers: a connection maps the file anew whenever it has grown, and
+/// under load it grows between any reader's two reads, so each read unmapped and mapped
+/// it again (an unmap stops every thread of the process to flush its address cache). A
+/// reader's few pages a read are cheaper read with `pread`.
+const READER_MMAP_BYTES: i64 = 0;
 /// How often the checkpointer copies the log back into the database.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 /// Log pages past which the writer checkpoints by itself (SQLite's default is 1 000):
@@ -86,72 +85,11 @@ pub async fn replayable<F: std::future::Future>(work: F) -> F::Output {
 }
 
 impl Durability {
-    fn pragma(self) -> &'static str {
+    pub(super) fn pragma(self) -> &'static str {
         match self {
             Self::Full => "FULL",
             Self::Normal => "NORMAL",
         }
-    }
-}
-
-/// One caller's write, run by the writer thread inside the group's transaction.
-trait WriteJob: Send {
-    /// Run the work in its own savepoint; its result waits for the commit.
-    fn run(&mut self, conn: &mut Connection);
-    /// The group's transaction ended: tell the caller (`Err` if it did not commit).
-    fn finish(self: Box<Self>, committed: Result<(), String>);
-    /// Whether the caller must not hear "done" before the work is on disk.
-    fn durable(&self) -> bool;
-}
-
-struct Job<T, F> {
-    work: Option<F>,
-    result: Option<Result<T, DbError>>,
-    reply: oneshot::Sender<Result<T, DbError>>,
-    durable: bool,
-}
-
-impl<T, F> WriteJob for Job<T, F>
-where
-    T: Send,
-    F: FnOnce(&mut Connection) -> Result<T, DbError> + Send,
-{
-    fn run(&mut self, conn: &mut Connection) {
-        let Some(work) = self.work.take() else { return };
-        let result = match conn.execute_batch("SAVEPOINT job") {
-            Err(e) => Err(DbError::Sql(e)),
-            Ok(()) => {
-                let result = work(conn);
-                let end = if result.is_ok() {
-                    "RELEASE job"
-                } else {
-                    "ROLLBACK TO job; RELEASE job"
-                };
-                match conn.execute_batch(end) {
-                    Ok(()) => result,
-                    Err(e) => Err(DbError::Sql(e)),
-                }
-            }
-        };
-        self.result = Some(result);
-    }
-
-    fn finish(self: Box<Self>, committed: Result<(), String>) {
-        let result = match (committed, self.result) {
-            (Ok(()), Some(result)) => result,
-            (Ok(()), None) => Err(DbError::Full("write was not run".into())),
-            (Err(why), _) => Err(DbError::Sql(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                Some(format!("commit failed: {why}")),
-            ))),
-        };
-        // A caller that stopped waiting (its request was cancelled) is not an error:
-        // its work is committed either way, as with any write.
-        let _ = self.reply.send(result);
-    }
-
-    fn durable(&self) -> bool {
-        self.durable
     }
 }
 
@@ -198,10 +136,10 @@ pub struct SqliteDb {
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
 }
 
-fn tune(conn: &Connection, cache_kib: i64) -> Result<(), rusqlite::Error> {
+fn tune(conn: &Connection, cache_kib: i64, mmap_bytes: i64) -> Result<(), rusqlite::Error> {
     conn.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
     conn.pragma_update(None, "cache_size", -cache_kib)?;
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    conn.pragma_update(None, "mmap_size", mmap_bytes)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
@@ -218,7 +156,7 @@ impl SqliteDb {
         let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", durability.pragma())?;
-        tune(&conn, CACHE_KIB)?;
+        tune(&conn, CACHE_KIB, MMAP_BYTES)?;
         // The checkpointer thread copies the log back into the database; the
         // writer's own automatic checkpoint stays only as the bound if it falls behind.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
@@ -229,7 +167,7 @@ impl SqliteDb {
                 path,
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )?;
-            tune(&reader, READER_CACHE_KIB)?;
+            tune(&reader, READER_CACHE_KIB, READER_MMAP_BYTES)?;
             readers.push(reader);
         }
         let checkpointer = Connection::open(path)?;
@@ -281,16 +219,18 @@ impl SqliteDb {
     }
 
     /// Run `f` on the writer's connection, in the next group's transaction; returns
-    /// once that transaction has committed. `f` may write; it must not begin or end a
-    /// transaction itself (a savepoint is fine).
+    /// once that transaction has committed. `f` is atomic: if it returns `Err`, none of
+    /// its writes are kept (it needs no savepoint of its own for that). It must not
+    /// begin or end a transaction itself, and it may be run more than once (if another
+    /// caller's work in its group fails): it must do nothing but database work.
     pub async fn call<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn WriteJob> = Box::new(Job {
-            work: Some(f),
+            work: f,
             result: None,
             reply,
             durable: REPLAYABLE.try_with(|_| ()).is_err(),
@@ -308,23 +248,21 @@ impl SqliteDb {
     /// Queue a write whose loss in a crash costs nothing but some repeated work (a
     /// queue row deleted after its outcome is recorded, a retry delay persisted) and
     /// return without waiting for it: it commits with the next group, and the caller
-    /// saves a round trip to the writer thread. A failure is logged, not returned.
-    pub fn call_detached<F>(&self, what: &'static str, f: F)
+    /// saves a round trip to the writer thread. A failure is logged, not returned. As
+    /// with [`Self::call`], `f` is atomic and may be run more than once; what must
+    /// happen once goes in `committed`, which the writer thread runs with `f`'s result
+    /// after the commit (briefly: the next group waits for it).
+    pub fn call_detached<T, F, G>(&self, what: &'static str, work: F, committed: G)
     where
-        F: FnOnce(&mut Connection) -> Result<(), DbError> + Send + 'static,
+        T: Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
+        G: FnOnce(T) + Send + 'static,
     {
-        let (reply, _) = oneshot::channel();
-        let work = move |conn: &mut Connection| {
-            if let Err(e) = f(conn) {
-                tracing::debug!(error = ?e, what, "a detached write failed; it is redone later");
-            }
-            Ok(())
-        };
-        let job: Box<dyn WriteJob> = Box::new(Job {
-            work: Some(work),
+        let job: Box<dyn WriteJob> = Box::new(Detached {
+            what,
+            work,
             result: None,
-            reply,
-            durable: false,
+            committed,
         });
         if let Err(mpsc::error::TrySendError::Full(job)) = self.writes.try_send(job) {
             // The writer is behind: wait for room off this task rather than drop it.
@@ -333,6 +271,27 @@ impl SqliteDb {
                 let _ = writes.send(job).await;
             });
         }
+    }
+
+    /// Queue a write behind every write queued before it and return once it is queued,
+    /// without waiting for its commit: a write the caller makes next commits after it
+    /// (in the same transaction or a later one). A failure is logged, not returned. As
+    /// with [`Self::call`], `f` is atomic and may be run more than once.
+    pub async fn call_ahead<T, F>(&self, what: &'static str, work: F) -> StoreResult<()>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let job: Box<dyn WriteJob> = Box::new(Detached {
+            what,
+            work,
+            result: None,
+            committed: drop,
+        });
+        self.writes
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))
     }
 
     /// Run a point read (one row by key, a handful of rows) on a read-only connection
@@ -399,98 +358,6 @@ fn checkpoint_loop(conn: Connection, alive: std::sync::Weak<()>) {
         if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
             tracing::debug!(error = %e, "a checkpoint failed; the next one retries");
         }
-    }
-}
-
-/// The writer thread: take what is queued (at most [`MAX_GROUP`]), run each in its own
-/// savepoint inside one transaction, commit once, then answer every caller.
-fn write_loop(
-    mut conn: Connection,
-    mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
-    durability: Durability,
-) {
-    let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
-    let mut sync = durability;
-    while let Some(first) = queued.blocking_recv() {
-        group.push(first);
-        take_queued(&mut queued, &mut group);
-        if group.len() >= BUSY_GROUP {
-            // Under load, a moment's wait lets the callers this commit is about to
-            // answer queue their next writes into it: fewer, fuller commits write
-            // each shared page once instead of once per small group.
-            std::thread::sleep(LINGER);
-            take_queued(&mut queued, &mut group);
-        }
-        while !group.is_empty() {
-            // A group of only replayable or detached work need not wait for the disk;
-            // any durable caller in it makes the whole commit durable.
-            let wanted = if group.iter().any(|job| job.durable()) {
-                durability
-            } else {
-                Durability::Normal
-            };
-            if wanted != sync {
-                match conn.pragma_update(None, "synchronous", wanted.pragma()) {
-                    Ok(()) => sync = wanted,
-                    // Staying stricter than needed costs a sync; weaker than promised
-                    // is never allowed: the durable callers hear it failed.
-                    Err(e) if wanted == Durability::Full => {
-                        for job in group.drain(..) {
-                            job.finish(Err(format!("cannot make the commit durable: {e}")));
-                        }
-                        continue;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "stays synchronous=FULL"),
-                }
-            }
-            commit_some(&mut conn, &mut group);
-        }
-    }
-}
-
-fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<Box<dyn WriteJob>>) {
-    while group.len() < MAX_GROUP {
-        match queued.try_recv() {
-            Ok(job) => group.push(job),
-            Err(_) => break,
-        }
-    }
-}
-
-/// Run jobs from the front of `group` in one transaction and answer them. Usually
-/// that is all of them; but if SQLite rolls the transaction back by itself (a full
-/// disk, an I/O error), the jobs run so far are answered with the failure and the
-/// rest are left for a transaction of their own, so none is confirmed unless its work
-/// was committed and none runs outside a transaction.
-fn commit_some(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let why = e.to_string();
-        for job in group.drain(..) {
-            job.finish(Err(why.clone()));
-        }
-        return;
-    }
-    let mut ran = 0;
-    let mut aborted = false;
-    for job in group.iter_mut() {
-        job.run(conn);
-        ran += 1;
-        if conn.is_autocommit() {
-            aborted = true;
-            break;
-        }
-    }
-    let committed = if aborted {
-        Err("the transaction was rolled back by the database".to_owned())
-    } else {
-        conn.execute_batch("COMMIT").map_err(|e| {
-            // Nothing of the group is kept: every caller hears it failed.
-            let _ = conn.execute_batch("ROLLBACK");
-            e.to_string()
-        })
-    };
-    for job in group.drain(..ran) {
-        job.finish(committed.clone());
     }
 }
 

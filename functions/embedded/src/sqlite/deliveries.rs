@@ -18,22 +18,53 @@ fn json_time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
+/// When a waiting delivery is due (the `due_at` column): its next attempt, or the end
+/// of the lease of the attempt under way. None once it waits no more.
+fn due_at(d: &Delivery) -> Option<String> {
+    d.state
+        .is_waiting()
+        .then(|| d.next_attempt_at.or(d.lease_until).map(json_time))
+        .flatten()
+}
+
+/// An attempt as its row stores it, made before the write: the writer thread runs
+/// every caller's writes one after another, so what can be done before is.
+struct AttemptRow {
+    id: String,
+    delivery_id: String,
+    endpoint_id: String,
+    started_at: String,
+    json: String,
+}
+
+impl AttemptRow {
+    fn of(a: &Attempt) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            id: a.id.to_string(),
+            delivery_id: a.delivery_id.to_string(),
+            endpoint_id: a.endpoint_id.to_string(),
+            started_at: ts(a.started_at),
+            json: serde_json::to_string(a)?,
+        })
+    }
+}
+
 fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
     json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
 }
 
-fn insert_attempts(conn: &Connection, attempts: &[Attempt]) -> Result<(), DbError> {
+fn insert_attempts(conn: &Connection, attempts: &[AttemptRow]) -> Result<(), DbError> {
     let mut stmt = conn.prepare_cached(
         "INSERT OR IGNORE INTO attempts (id, delivery_id, endpoint_id, started_at, json)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for a in attempts {
         stmt.execute(params![
-            a.id.as_str(),
-            a.delivery_id.as_str(),
-            a.endpoint_id.as_str(),
-            ts(a.started_at),
-            serde_json::to_string(a)?
+            a.id,
+            a.delivery_id,
+            a.endpoint_id,
+            a.started_at,
+            a.json
         ])?;
     }
     Ok(())
@@ -43,6 +74,61 @@ fn read_many(conn: &Connection, sql: &str, args: Vec<SqlValue>) -> Result<Vec<De
     json_rows(conn, sql, params_from_iter(args))
 }
 
+/// A delivery's save, made ready before it goes to the writer thread. The attempts are
+/// recorded whether or not the state write lands (see the port): a conflict is an
+/// answer, not a rollback.
+struct DeliveryWrite {
+    attempts: Vec<AttemptRow>,
+    id: String,
+    state: &'static str,
+    status: &'static str,
+    version: i64,
+    json: String,
+    due: Option<String>,
+}
+
+impl DeliveryWrite {
+    /// `delivery` as saving it writes it (version + 1), and the write.
+    fn of(delivery: &Delivery, attempts: &[Attempt]) -> Result<(Delivery, Self), DbError> {
+        let mut next = delivery.clone();
+        next.version += 1;
+        let write = Self {
+            attempts: attempts
+                .iter()
+                .map(AttemptRow::of)
+                .collect::<Result<_, _>>()?,
+            id: next.id.to_string(),
+            state: next.state.as_str(),
+            status: next.state.status().as_str(),
+            version: next.version as i64,
+            json: serde_json::to_string(&next)?,
+            due: due_at(&next),
+        };
+        Ok((next, write))
+    }
+
+    /// `true` if the state write landed, `false` on a version conflict.
+    fn run(&self, conn: &Connection) -> Result<bool, DbError> {
+        insert_attempts(conn, &self.attempts)?;
+        let n = conn
+            .prepare_cached(
+                "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5,
+                                       due_at = ?7
+                 WHERE id = ?1 AND version = ?6",
+            )?
+            .execute(params![
+                self.id,
+                self.state,
+                self.status,
+                self.version,
+                self.json,
+                self.version - 1,
+                self.due
+            ])?;
+        Ok(n == 1)
+    }
+}
+
 #[async_trait]
 impl DeliveryStore for SqliteStore {
     async fn create_delivery_if_absent(
@@ -50,11 +136,15 @@ impl DeliveryStore for SqliteStore {
         delivery: &Delivery,
     ) -> StoreResult<(Delivery, bool)> {
         let d = delivery.clone();
+        let (json, due) = (
+            serde_json::to_string(&d).map_err(DbError::from)?,
+            due_at(&d),
+        );
         self.db
             .call(move |conn| {
                 let created = conn.prepare_cached("INSERT INTO deliveries
-                       (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                       (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json, due_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                      ON CONFLICT DO NOTHING")?.execute(
                     params![
                         d.id.as_str(),
@@ -66,11 +156,12 @@ impl DeliveryStore for SqliteStore {
                         d.state.status().as_str(),
                         ts(d.created_at),
                         d.version as i64,
-                        serde_json::to_string(&d)?,
+                        json,
+                        due,
                     ],
                 )? == 1;
                 if created {
-                    return Ok((d, true));
+                    return Ok((d.clone(), true));
                 }
                 // The one delivery of this event to this endpoint, whatever its id: a
                 // database from a build that derived ids otherwise keeps its own.
@@ -96,35 +187,28 @@ impl DeliveryStore for SqliteStore {
         delivery: &Delivery,
         attempts: &[Attempt],
     ) -> StoreResult<Delivery> {
-        let mut next = delivery.clone();
-        next.version += 1;
-        let attempts = attempts.to_vec();
+        let (next, write) = DeliveryWrite::of(delivery, attempts)?;
+        if self.db.call(move |conn| write.run(conn)).await? {
+            Ok(next)
+        } else {
+            Err(StoreError::Conflict(format!(
+                "delivery {} changed meanwhile",
+                delivery.id
+            )))
+        }
+    }
+
+    /// One writer commits in order: the caller's outcome write lands after this one.
+    async fn save_delivery_ahead(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<Delivery> {
+        let (next, write) = DeliveryWrite::of(delivery, attempts)?;
         self.db
-            .call(move |conn| {
-                // The attempts commit whether or not the state write lands (see the
-                // port): a conflict is an answer, not a rollback.
-                let tx = conn.savepoint()?;
-                insert_attempts(&tx, &attempts)?;
-                let n = tx
-                    .prepare_cached(
-                        "UPDATE deliveries SET state = ?2, status = ?3, version = ?4, json = ?5
-                     WHERE id = ?1 AND version = ?6",
-                    )?
-                    .execute(params![
-                        next.id.as_str(),
-                        next.state.as_str(),
-                        next.state.status().as_str(),
-                        next.version as i64,
-                        serde_json::to_string(&next)?,
-                        (next.version - 1) as i64,
-                    ])?;
-                tx.commit()?;
-                Ok((n == 1).then_some(next))
-            })
-            .await?
-            .ok_or_else(|| {
-                StoreError::Conflict(format!("delivery {} changed meanwhile", delivery.id))
-            })
+            .call_ahead("record an attempt's start", move |conn| write.run(conn))
+            .await?;
+        Ok(next)
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {
@@ -251,15 +335,12 @@ impl DeliveryStore for SqliteStore {
                 read_many(
                     conn,
                     "SELECT json FROM deliveries
-                     WHERE state IN ('pending', 'delivering', 'retrying')
-                       AND coalesce(json_extract(json, '$.next_attempt_at'),
-                                    json_extract(json, '$.lease_until')) < ?1
+                     WHERE due_at < ?1
                        AND NOT EXISTS (SELECT 1 FROM sweep_postponed p
                                        WHERE p.delivery_id = deliveries.id
                                          AND p.version = deliveries.version
                                          AND p.until >= ?1)
-                     ORDER BY coalesce(json_extract(json, '$.next_attempt_at'),
-                                       json_extract(json, '$.lease_until'))
+                     ORDER BY due_at
                      LIMIT ?2",
                     vec![SqlValue::Text(before), SqlValue::Integer(limit as i64)],
                 )

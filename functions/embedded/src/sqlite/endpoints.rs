@@ -148,7 +148,7 @@ impl EndpointStore for SqliteStore {
         self.db
             .call(move |conn| {
                 conn.prepare_cached("DELETE FROM endpoints WHERE id = ?1")?
-                    .execute([id])?;
+                    .execute([&id])?;
                 Ok(())
             })
             .await

@@ -41,7 +41,7 @@ impl EventStore for SqliteStore {
                     return Ok(Published::Created);
                 }
                 let existing: String = conn.prepare_cached("SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2")?.query_row(
-                    [tenant, id],
+                    [&tenant, &id],
                     |r| r.get(0),
                 )?;
                 Ok(Published::Existing(serde_json::from_str(&existing)?))
@@ -174,19 +174,26 @@ impl SqliteStore {
         let tenant = event.tenant_id.clone();
         let id = event.id.to_string();
         let pending = self.outbox_pending.clone();
-        self.db
-            .call_detached("mark an event fanned out", move |conn| {
-                let marked = conn
-                    .prepare_cached(
-                        "UPDATE outbox SET fanned_out = 1
-                     WHERE tenant_id = ?1 AND id = ?2 AND fanned_out = 0",
-                    )?
-                    .execute([tenant.to_string(), id])?;
+        self.db.call_detached(
+            "mark an event fanned out",
+            {
+                let tenant = tenant.to_string();
+                move |conn| {
+                    Ok(conn
+                        .prepare_cached(
+                            "UPDATE outbox SET fanned_out = 1
+                                 WHERE tenant_id = ?1 AND id = ?2 AND fanned_out = 0",
+                        )?
+                        .execute([&tenant, &id])?)
+                }
+            },
+            // Counted once it is committed: the work may run twice, and may fail.
+            move |marked| {
                 if marked == 1 {
                     pending.add(&tenant, -1);
                 }
-                Ok(())
-            });
+            },
+        );
         Ok(())
     }
 }

@@ -101,8 +101,7 @@ impl FailureStore for SqliteStore {
             .call(move |conn| {
                 // Read and write in one transaction: the write is conditional on what
                 // was read, as no other writer can come between.
-                let tx = conn.savepoint()?;
-                let json: Option<String> = tx
+                let json: Option<String> = conn
                     .prepare_cached("SELECT json FROM failures WHERE id = ?1")?
                     .query_row([&id], |r| r.get(0))
                     .optional()?;
@@ -112,9 +111,8 @@ impl FailureStore for SqliteStore {
                     return Ok(Some(failure));
                 }
                 let failure = failure.acknowledged(&ack);
-                tx.prepare_cached("UPDATE failures SET json = ?2 WHERE id = ?1")?
+                conn.prepare_cached("UPDATE failures SET json = ?2 WHERE id = ?1")?
                     .execute(params![id, serde_json::to_string(&failure)?])?;
-                tx.commit()?;
                 Ok(Some(failure))
             })
             .await
@@ -171,7 +169,7 @@ impl CounterStore for SqliteStore {
         self.db
             .call(move |conn| {
                 conn.prepare_cached("DELETE FROM remembered WHERE key = ?1")?
-                    .execute([key])?;
+                    .execute([&key])?;
                 Ok(())
             })
             .await
@@ -183,10 +181,9 @@ impl CounterStore for SqliteStore {
         let expires_at = now + ttl.as_secs() as i64;
         self.db
             .call(move |conn| {
-                let tx = conn.savepoint()?;
-                tx.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
+                conn.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
                     .execute([now])?;
-                let fresh = tx
+                let fresh = conn
                     .prepare_cached(
                         "INSERT INTO remembered (key, value, expires_at) VALUES (?1, 'counted', ?2)
                      ON CONFLICT (key) DO NOTHING",
@@ -194,19 +191,18 @@ impl CounterStore for SqliteStore {
                     .execute(params![token, expires_at])?
                     == 1;
                 let value: i64 = if fresh {
-                    tx.prepare_cached(
+                    conn.prepare_cached(
                         "INSERT INTO counters (key, value, expires_at) VALUES (?1, 1, ?2)
                          ON CONFLICT (key) DO UPDATE SET value = value + 1
                          RETURNING value",
                     )?
                     .query_row(params![key, expires_at], |r| r.get(0))?
                 } else {
-                    tx.prepare_cached("SELECT value FROM counters WHERE key = ?1")?
+                    conn.prepare_cached("SELECT value FROM counters WHERE key = ?1")?
                         .query_row([&key], |r| r.get(0))
                         .optional()?
                         .unwrap_or(0)
                 };
-                tx.commit()?;
                 Ok(value as u64)
             })
             .await
@@ -223,20 +219,18 @@ impl CounterStore for SqliteStore {
         let expires_at = now + ttl.as_secs() as i64;
         self.db
             .call(move |conn| {
-                let tx = conn.savepoint()?;
-                tx.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
+                conn.prepare_cached("DELETE FROM remembered WHERE expires_at < ?1")?
                     .execute([now])?;
-                let existing: Option<String> = tx
+                let existing: Option<String> = conn
                     .prepare_cached("SELECT value FROM remembered WHERE key = ?1")?
                     .query_row([&key], |r| r.get(0))
                     .optional()?;
                 if existing.is_none() {
-                    tx.prepare_cached(
+                    conn.prepare_cached(
                         "INSERT INTO remembered (key, value, expires_at) VALUES (?1, ?2, ?3)",
                     )?
                     .execute(params![key, value, expires_at])?;
                 }
-                tx.commit()?;
                 Ok(existing)
             })
             .await

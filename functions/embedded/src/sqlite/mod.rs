@@ -14,6 +14,7 @@ mod lanes;
 pub mod queue;
 mod schema;
 mod tenants;
+mod writer;
 
 use std::sync::Arc;
 
@@ -160,7 +161,8 @@ impl SqliteStore {
             .call(|conn| {
                 Ok(conn
                     .prepare_cached(
-                        "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null'))
+                        "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null')),
+                                               due_at = json_extract(json, '$.next_attempt_at')
                      WHERE state = 'delivering'",
                     )?
                     .execute([])?)

@@ -144,10 +144,9 @@ impl MessageQueue for SqliteQueue {
         let ids = self
             .db
             .call(move |conn| {
-                let tx = conn.savepoint()?;
                 let mut ids = Vec::with_capacity(messages.len());
                 {
-                    let mut stmt = tx.prepare_cached(
+                    let mut stmt = conn.prepare_cached(
                         "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?;
@@ -161,10 +160,9 @@ impl MessageQueue for SqliteQueue {
                             m.concurrency_limit,
                             visible_at
                         ])?;
-                        ids.push(tx.last_insert_rowid());
+                        ids.push(conn.last_insert_rowid());
                     }
                 }
-                tx.commit()?;
                 Ok(ids)
             })
             .await?;
@@ -228,12 +226,15 @@ impl MessageQueue for SqliteQueue {
         // Persisted so a retry delay outlives a restart (a lost one only brings the
         // message back early, which the worker checks against the delivery anyway), so
         // nobody waits for it.
-        self.db
-            .call_detached("persist a visibility change", move |conn| {
+        self.db.call_detached(
+            "persist a visibility change",
+            move |conn| {
                 conn.prepare_cached("UPDATE queue SET visible_at = ?2 WHERE id = ?1")?
                     .execute(params![id, visible_at])?;
                 Ok(())
-            });
+            },
+            drop,
+        );
         Ok(())
     }
 
@@ -249,12 +250,15 @@ impl MessageQueue for SqliteQueue {
         // The outcome the message led to is already recorded, so a delete lost in a
         // crash only brings the message back to a delivery that is settled (the
         // worker finds it so and drops it): nobody waits for it.
-        self.db
-            .call_detached("delete a settled message", move |conn| {
+        self.db.call_detached(
+            "delete a settled message",
+            move |conn| {
                 conn.prepare_cached("DELETE FROM queue WHERE id = ?1")?
                     .execute([id])?;
                 Ok(())
-            });
+            },
+            drop,
+        );
         Ok(())
     }
 

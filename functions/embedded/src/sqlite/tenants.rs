@@ -17,8 +17,7 @@ impl TenantStore for SqliteStore {
         self.db
             .call(move |conn| {
                 // The tenant and its key commit together: no tenant without a way in.
-                let tx = conn.savepoint()?;
-                tx.prepare_cached("INSERT INTO tenants (id, json) VALUES (?1, ?2)")?
+                conn.prepare_cached("INSERT INTO tenants (id, json) VALUES (?1, ?2)")?
                     .execute(params![id, json])
                     .map_err(|e| {
                         if is_unique_violation(&e) {
@@ -27,9 +26,8 @@ impl TenantStore for SqliteStore {
                             e.into()
                         }
                     })?;
-                tx.prepare_cached("INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)")?
+                conn.prepare_cached("INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)")?
                     .execute(params![hash, principal])?;
-                tx.commit()?;
                 Ok(())
             })
             .await

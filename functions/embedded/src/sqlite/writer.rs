@@ -1,0 +1,274 @@
+//! The writer thread: the callers' writes, run in groups, each group in one
+//! transaction with one commit (see [`super::db`] for why one writer).
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::db::Durability;
+use super::DbError;
+
+/// Writes committed together at most: bounds how long the first caller of a group
+/// waits for the others' work, and the size of one transaction.
+const MAX_GROUP: usize = 256;
+/// A group this large means the writer is busy: it lingers [`LINGER`] to fill it.
+/// A lone write (low load) never waits.
+const BUSY_GROUP: usize = 8;
+const LINGER: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// One caller's write, run by the writer thread inside the group's transaction.
+pub(super) trait WriteJob: Send {
+    /// Run the work; its result waits for the commit. `Isolation::Savepoint` runs it in
+    /// a savepoint of its own, rolled back if it fails. Run again if the group is re-run
+    /// (see [`commit_group`]). Whether it succeeded.
+    fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool;
+    /// The group's transaction ended: tell the caller (`Err` if it did not commit).
+    fn finish(self: Box<Self>, committed: Result<(), String>);
+    /// Whether the caller must not hear "done" before the work is on disk.
+    fn durable(&self) -> bool;
+}
+
+/// How a job's work is kept apart from the rest of its group.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Isolation {
+    /// Straight into the group's transaction: a failure means re-running the group.
+    None,
+    /// In a savepoint of its own: a failure is rolled back alone.
+    Savepoint,
+}
+
+impl Isolation {
+    /// Run `work` kept apart as this says.
+    fn run<T>(
+        self,
+        conn: &mut Connection,
+        work: &mut impl FnMut(&mut Connection) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if self == Self::None {
+            return work(conn);
+        }
+        conn.execute_batch("SAVEPOINT job")?;
+        let result = work(conn);
+        let end = if result.is_ok() {
+            "RELEASE job"
+        } else {
+            "ROLLBACK TO job; RELEASE job"
+        };
+        conn.execute_batch(end)?;
+        result
+    }
+}
+
+pub(super) struct Job<T, F> {
+    pub work: F,
+    pub result: Option<Result<T, DbError>>,
+    pub reply: oneshot::Sender<Result<T, DbError>>,
+    pub durable: bool,
+}
+
+impl<T, F> WriteJob for Job<T, F>
+where
+    T: Send,
+    F: FnMut(&mut Connection) -> Result<T, DbError> + Send,
+{
+    fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool {
+        let result = isolation.run(conn, &mut self.work);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), String>) {
+        let result = match (committed, self.result) {
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(DbError::Full("write was not run".into())),
+            (Err(why), _) => Err(DbError::Sql(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(format!("commit failed: {why}")),
+            ))),
+        };
+        // A caller that stopped waiting (its request was cancelled) is not an error:
+        // its work is committed either way, as with any write.
+        let _ = self.reply.send(result);
+    }
+
+    fn durable(&self) -> bool {
+        self.durable
+    }
+}
+
+/// A write nobody waits for (see [`SqliteDb::call_detached`]).
+pub(super) struct Detached<T, F, G> {
+    pub what: &'static str,
+    pub work: F,
+    pub result: Option<Result<T, DbError>>,
+    pub committed: G,
+}
+
+impl<T, F, G> WriteJob for Detached<T, F, G>
+where
+    T: Send,
+    F: FnMut(&mut Connection) -> Result<T, DbError> + Send,
+    G: FnOnce(T) + Send,
+{
+    fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool {
+        let result = isolation.run(conn, &mut self.work);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), String>) {
+        match (committed, self.result) {
+            (Ok(()), Some(Ok(value))) => (self.committed)(value),
+            (Ok(()), Some(Err(e))) => {
+                tracing::debug!(error = ?e, what = self.what, "a detached write failed; it is redone later")
+            }
+            (Ok(()), None) => {}
+            (Err(why), _) => {
+                tracing::debug!(error = %why, what = self.what, "a detached write was not committed; it is redone later")
+            }
+        }
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+/// The writer thread: take what is queued (at most [`MAX_GROUP`]), run it in one
+/// transaction, commit once, then answer every caller.
+pub(super) fn write_loop(
+    mut conn: Connection,
+    mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
+    durability: Durability,
+) {
+    let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
+    let mut sync = durability;
+    while let Some(first) = queued.blocking_recv() {
+        group.push(first);
+        take_queued(&mut queued, &mut group);
+        if group.len() >= BUSY_GROUP {
+            // Under load, a moment's wait lets the callers this commit is about to
+            // answer queue their next writes into it: fewer, fuller commits write
+            // each shared page once instead of once per small group.
+            std::thread::sleep(LINGER);
+            take_queued(&mut queued, &mut group);
+        }
+        while !group.is_empty() {
+            // A group of only replayable or detached work need not wait for the disk;
+            // any durable caller in it makes the whole commit durable.
+            let wanted = if group.iter().any(|job| job.durable()) {
+                durability
+            } else {
+                Durability::Normal
+            };
+            if wanted != sync {
+                match conn.pragma_update(None, "synchronous", wanted.pragma()) {
+                    Ok(()) => sync = wanted,
+                    // Staying stricter than needed costs a sync; weaker than promised
+                    // is never allowed: the durable callers hear it failed.
+                    Err(e) if wanted == Durability::Full => {
+                        for job in group.drain(..) {
+                            job.finish(Err(format!("cannot make the commit durable: {e}")));
+                        }
+                        continue;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "stays synchronous=FULL"),
+                }
+            }
+            commit_group(&mut conn, &mut group);
+        }
+    }
+}
+
+fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<Box<dyn WriteJob>>) {
+    while group.len() < MAX_GROUP {
+        match queued.try_recv() {
+            Ok(job) => group.push(job),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Run the jobs of `group` in one transaction and answer them (all of them, or, if
+/// SQLite rolls a transaction back by itself, those from the front that ran; see
+/// [`commit_isolated`]).
+///
+/// Why not a savepoint per job: SQLite copies every page a savepoint's work touches
+/// before changing it (its sub-journal), so the jobs of a group that all write the same
+/// index pages each copied them again; with the savepoints' own statements, that was a
+/// fifth of the writer's time. Jobs almost never fail (a conflict is an answer, not a
+/// failure), so they run straight into the transaction, and if one does fail, the whole
+/// transaction is rolled back and the group run again with a savepoint per job, which
+/// rolls the failing one back alone. That is why a job may run twice.
+fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let why = e.to_string();
+        for job in group.drain(..) {
+            job.finish(Err(why.clone()));
+        }
+        return;
+    }
+    let mut all_ran = true;
+    for job in group.iter_mut() {
+        if !job.run(conn, Isolation::None) || conn.is_autocommit() {
+            all_ran = false;
+            break;
+        }
+    }
+    if all_ran {
+        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        });
+        for job in group.drain(..) {
+            job.finish(committed.clone());
+        }
+        return;
+    }
+    if !conn.is_autocommit() {
+        if let Err(e) = conn.execute_batch("ROLLBACK") {
+            tracing::warn!(error = %e, "could not roll back a failed group");
+        }
+    }
+    while !group.is_empty() {
+        commit_isolated(conn, group);
+    }
+}
+
+/// Run jobs from the front of `group` in one transaction, each in its own savepoint,
+/// and answer them. Usually that is all of them; but if SQLite rolls the transaction
+/// back by itself (a full disk, an I/O error), the jobs run so far are answered with
+/// the failure and the rest are left for a transaction of their own, so none is
+/// confirmed unless its work was committed and none runs outside a transaction.
+fn commit_isolated(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let why = e.to_string();
+        for job in group.drain(..) {
+            job.finish(Err(why.clone()));
+        }
+        return;
+    }
+    let mut ran = 0;
+    let mut aborted = false;
+    for job in group.iter_mut() {
+        job.run(conn, Isolation::Savepoint);
+        ran += 1;
+        if conn.is_autocommit() {
+            aborted = true;
+            break;
+        }
+    }
+    let committed = if aborted {
+        Err("the transaction was rolled back by the database".to_owned())
+    } else {
+        conn.execute_batch("COMMIT").map_err(|e| {
+            // Nothing of the group is kept: every caller hears it failed.
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        })
+    };
+    for job in group.drain(..ran) {
+        job.finish(committed.clone());
+    }
+}
