@@ -166,6 +166,10 @@ pub struct DeliveryQuery {
     pub cursor: Option<String>,
 }
 
+/// A write under way: resolves to its result once it has committed.
+pub type PendingWrite<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = StoreResult<T>> + Send>>;
+
 #[async_trait]
 pub trait DeliveryStore: Send + Sync {
     /// Create unless a delivery with this id exists; either way return the stored one,
@@ -187,21 +191,26 @@ pub trait DeliveryStore: Send + Sync {
         delivery: &Delivery,
         attempts: &[Attempt],
     ) -> StoreResult<Delivery>;
-    /// [`Self::save_delivery`] for the write before an at-least-once attempt, which a
-    /// store may return from before it has committed, with the delivery it will write
-    /// (version + 1), if it commits its writes in the order they are made. What that
-    /// saves: the attempt's wait for a commit. Why it is safe: the write is a lease
-    /// against duplicate messages, not a promise (at least once, a duplicate send is
-    /// allowed, and a crash before it commits only means the attempt is made again);
-    /// the outcome the caller writes next is conditional on the version this one writes,
-    /// so it commits after it, and a write of this one that fails or loses to another
-    /// shows up as that write's conflict. The default waits for the commit.
+    /// [`Self::save_delivery`] for the lease written before an at-least-once attempt:
+    /// a store may return once the write is queued, with what resolves to its result
+    /// once it has committed, so the attempt is sent while it commits (a commit's wait
+    /// is most of an attempt's time on one machine). The write must commit before any
+    /// write the caller makes after this returns.
+    ///
+    /// Why that is safe: the lease guards against a duplicate message's attempt, and at
+    /// least once a duplicate send is within the promise (a crash before it commits
+    /// only means the attempt is made again). The caller learns the write's fate
+    /// before it records the outcome, so an outcome never lands on a delivery this
+    /// write did not (a resend, a pause, a duplicate's lease). A store that cannot be
+    /// written at the moment should wait instead, so that it does not send while it
+    /// cannot record. The default waits for the commit.
     async fn save_delivery_ahead(
         &self,
         delivery: &Delivery,
         attempts: &[Attempt],
-    ) -> StoreResult<Delivery> {
-        self.save_delivery(delivery, attempts).await
+    ) -> StoreResult<PendingWrite<Delivery>> {
+        let saved = self.save_delivery(delivery, attempts).await?;
+        Ok(Box::pin(std::future::ready(Ok(saved))))
     }
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;

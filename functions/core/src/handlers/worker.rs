@@ -7,7 +7,7 @@ use tracing::{info_span, Instrument};
 
 use crate::delivery::{Delivery, DeliveryState};
 use crate::endpoint::{DeliveryMode, Endpoint};
-use crate::ports::{AttemptMetric, RngOf, Services, StoreError, StoreResult};
+use crate::ports::{AttemptMetric, PendingWrite, RngOf, Services, StoreError, StoreResult};
 use crate::retry::{RetryPolicy, RetrySpec};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
@@ -276,34 +276,60 @@ impl Attempting<'_> {
         read: &Delivery,
         step: state_machine::Step,
     ) -> StoreResult<Disposition> {
-        // Persisted *before* sending. At most once, this write is the guarantee, so
-        // it is on disk before the request goes. At least once, it is what keeps a
-        // duplicate message (a replayed fan-out, a sweep, SQS's own) from sending the
-        // same delivery again while this attempt runs (the other worker finds the
-        // lease, `Skip::Busy`, and after it the outcome): a store may let the attempt
-        // go before it commits (see `save_delivery_ahead`), as a duplicate send in
-        // that moment is within the promise.
-        let saved = if step.sends() && self.endpoint.mode == DeliveryMode::AtLeastOnce {
-            services
-                .store
-                .save_delivery_ahead(&step.delivery, &step.attempts())
-                .await
-        } else {
-            services
-                .store
-                .save_delivery(&step.delivery, &step.attempts())
-                .await
-        };
-        let delivery = match saved {
-            Ok(saved) => saved,
-            Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
-            Err(e) => return Err(e),
-        };
+        let attempts = step.attempts();
         if !step.sends() {
+            let delivery = match services
+                .store
+                .save_delivery(&step.delivery, &attempts)
+                .await
+            {
+                Ok(saved) => saved,
+                Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
+                Err(e) => return Err(e),
+            };
             left_waiting(services, read.state, &delivery).await?;
             return carry_out(services, self.task, self.endpoint, &delivery, &step.actions).await;
         }
-        let report = self.send(services, &delivery).await?;
+        // Persisted *before* sending. At most once, this write is the guarantee, so it
+        // is on disk before the request goes. At least once, it is what keeps a
+        // duplicate message (a replayed fan-out, a sweep, SQS's own) from sending the
+        // same delivery again while this attempt runs (the other worker finds the
+        // lease, `Skip::Busy`, and after it the outcome); a store may let the request
+        // go while it commits (see `save_delivery_ahead`), as a duplicate send in that
+        // moment is within the promise.
+        let lease = if self.endpoint.mode == DeliveryMode::AtLeastOnce {
+            services
+                .store
+                .save_delivery_ahead(&step.delivery, &attempts)
+                .await
+        } else {
+            match services
+                .store
+                .save_delivery(&step.delivery, &attempts)
+                .await
+            {
+                Ok(saved) => Ok(Box::pin(std::future::ready(Ok(saved))) as PendingWrite<_>),
+                Err(e) => Err(e),
+            }
+        };
+        let lease = match lease {
+            Ok(lease) => lease,
+            Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
+            Err(e) => return Err(e),
+        };
+        let report = self.send(services, &step.delivery).await?;
+        let delivery = match lease.await {
+            Ok(saved) => saved,
+            Err(e) => {
+                // The lease never landed: the delivery changed first (a resend, a
+                // pause, a duplicate's lease), or the store failed. The outcome is then
+                // written against the version read, so it lands only if nobody changed
+                // the delivery; if somebody did, it is a conflict like any other: the
+                // attempt is kept, the delivery is left as they made it.
+                tracing::debug!(error = %e, "the lease written ahead of the attempt did not land");
+                step.delivery.clone()
+            }
+        };
         let now = services.clock.now();
         let step = state_machine::complete(
             &delivery,

@@ -76,10 +76,12 @@ tokio::task_local! {
 /// Why this is safe: only the fan-out of an event whose outbox row has committed is
 /// run this way. If power is lost before those writes reach the disk, the row is not
 /// marked fanned out either (the log is written in order), and the outbox poller fans
-/// it out again. Nothing is sent on the strength of them alone: the worker commits
-/// its "about to send" write durably before every attempt, and that commit's sync
-/// makes every earlier commit in the log durable with it. What it saves: two disk
-/// syncs on the way from publish to delivered, at low load.
+/// it out again. Nothing is sent on their strength alone that a power loss could not
+/// repeat: at most once, the worker commits its "about to send" write durably before
+/// the attempt, and that commit's sync makes every earlier commit in the log durable
+/// with it; at least once, the fan-out and the attempt are made again, which the
+/// promise allows. What it saves: two disk syncs on the way from publish to
+/// delivered, at low load.
 pub async fn replayable<F: std::future::Future>(work: F) -> F::Output {
     REPLAYABLE.scope((), work).await
 }
@@ -134,6 +136,8 @@ pub struct SqliteDb {
     /// Pages in use past which new events are refused (0: no limit): a share of the
     /// hard size limit kept free, so what was accepted can still be delivered.
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
+    /// Set by the writer thread (see [`Self::writes_failing`]).
+    writes_failing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn tune(conn: &Connection, cache_kib: i64, mmap_bytes: i64) -> Result<(), rusqlite::Error> {
@@ -173,7 +177,11 @@ impl SqliteDb {
         let checkpointer = Connection::open(path)?;
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
-        spawn("writer", move || write_loop(conn, queued, durability))?;
+        let writes_failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing = writes_failing.clone();
+        spawn("writer", move || {
+            write_loop(conn, queued, durability, &failing)
+        })?;
         let alive = Arc::new(());
         let watch = Arc::downgrade(&alive);
         spawn("checkpointer", move || checkpoint_loop(checkpointer, watch))?;
@@ -185,6 +193,7 @@ impl SqliteDb {
             }),
             _alive: alive,
             publish_pages: Arc::default(),
+            writes_failing,
         })
     }
 
@@ -228,21 +237,58 @@ impl SqliteDb {
         T: Send + 'static,
         F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
     {
+        let durable = REPLAYABLE.try_with(|_| ()).is_err();
+        self.queue(f, durable).await?.await
+    }
+
+    /// Queue `f` as [`Self::call`] does, behind every write queued before it, and
+    /// return once it is queued, with what resolves to its result once its group has
+    /// committed: a write the caller queues next commits after it. Not durable by
+    /// itself (a later durable commit makes it so).
+    pub async fn call_ahead<T, F>(
+        &self,
+        f: F,
+    ) -> StoreResult<impl std::future::Future<Output = StoreResult<T>> + Send + 'static>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        self.queue(f, false).await
+    }
+
+    /// Whether the last group the writer ran had a write fail (or failed to commit):
+    /// the database cannot be written at the moment (a full disk, the size limit).
+    pub fn writes_failing(&self) -> bool {
+        self.writes_failing
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn queue<T, F>(
+        &self,
+        f: F,
+        durable: bool,
+    ) -> StoreResult<impl std::future::Future<Output = StoreResult<T>> + Send + 'static>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn WriteJob> = Box::new(Job {
             work: f,
             result: None,
             reply,
-            durable: REPLAYABLE.try_with(|_| ()).is_err(),
+            durable,
         });
         self.writes
             .send(job)
             .await
             .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?
-            .map_err(StoreError::from)
+        Ok(async move {
+            answer
+                .await
+                .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?
+                .map_err(StoreError::from)
+        })
     }
 
     /// Queue a write whose loss in a crash costs nothing but some repeated work (a
@@ -271,27 +317,6 @@ impl SqliteDb {
                 let _ = writes.send(job).await;
             });
         }
-    }
-
-    /// Queue a write behind every write queued before it and return once it is queued,
-    /// without waiting for its commit: a write the caller makes next commits after it
-    /// (in the same transaction or a later one). A failure is logged, not returned. As
-    /// with [`Self::call`], `f` is atomic and may be run more than once.
-    pub async fn call_ahead<T, F>(&self, what: &'static str, work: F) -> StoreResult<()>
-    where
-        T: Send + 'static,
-        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
-    {
-        let job: Box<dyn WriteJob> = Box::new(Detached {
-            what,
-            work,
-            result: None,
-            committed: drop,
-        });
-        self.writes
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))
     }
 
     /// Run a point read (one row by key, a handful of rows) on a read-only connection

@@ -98,11 +98,13 @@ async fn a_failing_write_is_rolled_back_alone_and_the_rest_commit_once() {
     hold.await.unwrap().unwrap();
     assert!(matches!(failing, Err(StoreError::Conflict(_))));
     assert_eq!(fine.unwrap(), 1);
+    assert!(db.writes_failing(), "a write failed in the last group");
     assert_eq!(
         keys(&db).await,
         [1, 3],
         "the failed write's row is not kept"
     );
+    assert!(!db.writes_failing(), "and none in the group after it");
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
@@ -125,11 +127,10 @@ async fn a_write_queued_ahead_lands_before_the_next() {
         .await
         .unwrap();
     for k in 0..50_i64 {
-        db.call_ahead("insert", move |conn| {
-            Ok(conn.execute("INSERT INTO t VALUES (?1)", [k])?)
-        })
-        .await
-        .unwrap();
+        let landed = db
+            .call_ahead(move |conn| Ok(conn.execute("INSERT INTO t VALUES (?1)", [k])?))
+            .await
+            .unwrap();
         let found: i64 = db
             .call(move |conn| {
                 Ok(conn.query_row("SELECT COUNT(*) FROM t WHERE k = ?1", [k], |r| r.get(0))?)
@@ -137,5 +138,6 @@ async fn a_write_queued_ahead_lands_before_the_next() {
             .await
             .unwrap();
         assert_eq!(found, 1, "write {k} landed before the one after it");
+        assert_eq!(landed.await.unwrap(), 1, "and says so");
     }
 }

@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Attempt, Delivery};
 use entrega_core::event::Event;
 use entrega_core::ids::{DeliveryId, EndpointId};
-use entrega_core::ports::{DeliveryQuery, DeliveryStore, Page, StoreError, StoreResult};
+use entrega_core::ports::{
+    DeliveryQuery, DeliveryStore, Page, PendingWrite, StoreError, StoreResult,
+};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
 
@@ -203,12 +205,23 @@ impl DeliveryStore for SqliteStore {
         &self,
         delivery: &Delivery,
         attempts: &[Attempt],
-    ) -> StoreResult<Delivery> {
+    ) -> StoreResult<PendingWrite<Delivery>> {
+        if self.db.writes_failing() {
+            let saved = self.save_delivery(delivery, attempts).await?;
+            return Ok(Box::pin(std::future::ready(Ok(saved))));
+        }
         let (next, write) = DeliveryWrite::of(delivery, attempts)?;
-        self.db
-            .call_ahead("record an attempt's start", move |conn| write.run(conn))
-            .await?;
-        Ok(next)
+        let id = delivery.id.clone();
+        let landed = self.db.call_ahead(move |conn| write.run(conn)).await?;
+        Ok(Box::pin(async move {
+            if landed.await? {
+                Ok(next)
+            } else {
+                Err(StoreError::Conflict(format!(
+                    "delivery {id} changed meanwhile"
+                )))
+            }
+        }))
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {

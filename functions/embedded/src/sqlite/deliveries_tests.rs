@@ -46,3 +46,98 @@ async fn one_delivery_per_event_and_endpoint_whatever_its_id() {
     assert_eq!(stored.id, old_layout, "the one already there");
     assert_eq!(store.deliveries_of_event(&event).await.unwrap().len(), 1);
 }
+
+/// A resend that commits while an attempt's lease is still on its way to the disk:
+/// the lease loses, and the attempt's outcome (written once it knows) loses too, so
+/// the resend stands. (The outcome must not be written against the version the lease
+/// would have written: the resend wrote that version number first.)
+#[tokio::test]
+async fn an_outcome_never_lands_on_a_resend_its_lease_lost_to() {
+    use entrega_core::handlers::{fanout::fan_out, worker::handle_delivery};
+    use entrega_core::tenant::Tenant;
+    use entrega_http::transport::{HttpTransport, TargetPolicy};
+    use std::time::Duration;
+
+    let dir = entrega_testkit::TempDir::new("deliveries-lease-lost");
+    let receiver = entrega_testkit::Receiver::answering(200).await;
+    let transport = Arc::new(HttpTransport::new(TargetPolicy {
+        allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
+        allow_http: true,
+    }));
+    let (services, parts) = crate::serve::open_sqlite_parts(
+        &dir.0.join("d.db"),
+        crate::sqlite::Durability::Full,
+        Arc::new(SystemClock),
+        transport,
+    )
+    .await
+    .unwrap();
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "T".into(),
+        owner_email: "owner@example.com".into(),
+        created_at: Utc::now(),
+    };
+    services.store.create_tenant(&tenant, "hash").await.unwrap();
+    let endpoint = Endpoint::new(tenant.id.clone(), receiver.url("/hook"), Utc::now());
+    services.store.create_endpoint(&endpoint).await.unwrap();
+    let event = Event {
+        id: EventId::generate(),
+        tenant_id: tenant.id.clone(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: Utc::now(),
+    };
+    services.store.publish(&event).await.unwrap();
+    fan_out(&services, &event).await.unwrap();
+    let message = services
+        .deliveries
+        .receive(1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .expect("the fan-out queued a message");
+    let read = services.store.deliveries_of_event(&event).await.unwrap()[0].clone();
+
+    // Hold the writer; queue the resend behind it; then the attempt, whose lease
+    // queues behind the resend while the worker reads the delivery as it was.
+    let db = parts.store.db().clone();
+    let hold = tokio::spawn(async move {
+        db.call(|_| {
+            std::thread::sleep(Duration::from_millis(500));
+            Ok(())
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut resent = read.clone();
+    resent.generation += 1;
+    let resend = {
+        let store = services.store.clone();
+        tokio::spawn(async move { store.save_delivery(&resent, &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    handle_delivery(&services, &message.body, message.receive_count)
+        .await
+        .unwrap();
+    hold.await.unwrap().unwrap();
+    let resent = resend.await.unwrap().unwrap();
+
+    assert_eq!(receiver.count(), 1, "the attempt was made");
+    let stored = services
+        .store
+        .get_delivery(&read.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (stored.generation, stored.version, stored.state),
+        (resent.generation, resent.version, resent.state),
+        "the resend stands"
+    );
+    assert_eq!(
+        services.store.list_attempts(&read.id).await.unwrap().len(),
+        1,
+        "and the attempt is in the log"
+    );
+}

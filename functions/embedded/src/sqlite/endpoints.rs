@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
-use entrega_core::ports::{EndpointStore, Page, StoreResult};
+use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
 use rusqlite::{params, OptionalExtension, Row};
 
 use super::{DbError, SqliteStore};
@@ -61,8 +61,11 @@ impl SqliteStore {
         json: String,
         expected: u64,
     ) -> StoreResult<()> {
-        let id = id.to_string();
-        self.db
+        let key = id.to_string();
+        // A conflict is an answer (`Ok(false)`), not a failed write: a failed write
+        // makes the writer run its whole group again (see `writer.rs`).
+        let updated = self
+            .db
             .call(move |conn| {
                 let n = conn
                     .prepare_cached(&format!(
@@ -71,16 +74,18 @@ impl SqliteStore {
                         json = part.json,
                         version = part.version
                     ))?
-                    .execute(params![id, json, expected as i64])?;
-                if n == 0 {
-                    return Err(DbError::Conflict(format!(
-                        "endpoint {id}: {}",
-                        part.conflict
-                    )));
-                }
-                Ok(())
+                    .execute(params![key, json, expected as i64])?;
+                Ok(n == 1)
             })
-            .await
+            .await?;
+        if updated {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!(
+                "endpoint {id}: {}",
+                part.conflict
+            )))
+        }
     }
 }
 

@@ -1,10 +1,10 @@
 //! The outbox in SQLite, and the embedded trigger's reading position in it.
 
-use super::{json_row, DbError, SqliteStore};
+use super::{json_row, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
-use entrega_core::ports::{EventStore, OutboxPage, Published, StoreResult};
+use entrega_core::ports::{EventStore, OutboxPage, Published, StoreError, StoreResult};
 use rusqlite::params;
 
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
@@ -17,6 +17,8 @@ impl EventStore for SqliteStore {
         let json = serde_json::to_string(event).expect("an event serialises");
         let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
         let soft_limit = self.db.publish_page_limit();
+        // A refusal is an answer (`None`), not a failed write: a failed write makes the
+        // writer run its whole group again (see `writer.rs`).
         let published = self
             .db
             .call(move |conn| {
@@ -26,11 +28,7 @@ impl EventStore for SqliteStore {
                         |r| r.get(0),
                     )?;
                     if used >= limit {
-                        return Err(DbError::Full(
-                            "the database is near its size limit (--max-db-size-mb): new events wait \
-                             until accepted ones are delivered"
-                                .into(),
-                        ));
+                        return Ok(None);
                     }
                 }
                 let inserted = conn.prepare_cached("INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
@@ -38,15 +36,22 @@ impl EventStore for SqliteStore {
                     params![id, tenant, json],
                 )?;
                 if inserted == 1 {
-                    return Ok(Published::Created);
+                    return Ok(Some(Published::Created));
                 }
                 let existing: String = conn.prepare_cached("SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2")?.query_row(
                     [&tenant, &id],
                     |r| r.get(0),
                 )?;
-                Ok(Published::Existing(serde_json::from_str(&existing)?))
+                Ok(Some(Published::Existing(serde_json::from_str(&existing)?)))
             })
-            .await?;
+            .await?
+            .ok_or_else(|| {
+                StoreError::Backend(
+                    "the database is near its size limit (--max-db-size-mb): new events wait \
+                     until accepted ones are delivered"
+                        .into(),
+                )
+            })?;
         if published == Published::Created {
             self.outbox_pending.add(&event.tenant_id, 1);
         }

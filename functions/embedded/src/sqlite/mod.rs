@@ -90,15 +90,6 @@ fn json_rows<T: serde::de::DeserializeOwned>(
         .collect::<Result<Vec<_>, _>>()?)
 }
 
-/// Whether an insert failed on a uniqueness constraint.
-fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(
-        e,
-        rusqlite::Error::SqliteFailure(err, _)
-            if err.code == rusqlite::ErrorCode::ConstraintViolation
-    )
-}
-
 /// Timestamps are stored in the API's format: fixed width, so they sort as text.
 fn ts(t: DateTime<Utc>) -> String {
     entrega_core::event::format_timestamp(t)

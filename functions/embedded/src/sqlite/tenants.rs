@@ -1,9 +1,9 @@
 //! Tenants and API keys in SQLite.
 
-use super::{is_unique_violation, json_row, json_rows, DbError, SqliteStore};
+use super::{json_row, json_rows, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::ids::TenantId;
-use entrega_core::ports::{Page, StoreResult, TenantStore};
+use entrega_core::ports::{Page, StoreError, StoreResult, TenantStore};
 use entrega_core::tenant::{Principal, Tenant};
 use rusqlite::params;
 
@@ -14,23 +14,29 @@ impl TenantStore for SqliteStore {
         let principal = serde_json::to_string(&Principal::Tenant(tenant.id.clone()))
             .expect("a principal serialises");
         let (id, hash) = (tenant.id.to_string(), api_key_hash.to_owned());
-        self.db
+        // "It exists" is an answer (`Ok(false)`), not a failed write (see `writer.rs`).
+        let created = self
+            .db
             .call(move |conn| {
                 // The tenant and its key commit together: no tenant without a way in.
-                conn.prepare_cached("INSERT INTO tenants (id, json) VALUES (?1, ?2)")?
-                    .execute(params![id, json])
-                    .map_err(|e| {
-                        if is_unique_violation(&e) {
-                            DbError::Conflict(format!("tenant {id} exists"))
-                        } else {
-                            e.into()
-                        }
-                    })?;
-                conn.prepare_cached("INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)")?
-                    .execute(params![hash, principal])?;
-                Ok(())
+                let created = conn
+                    .prepare_cached(
+                        "INSERT INTO tenants (id, json) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                    )?
+                    .execute(params![id, json])?
+                    == 1;
+                if created {
+                    conn.prepare_cached("INSERT INTO api_keys (hash, principal) VALUES (?1, ?2)")?
+                        .execute(params![hash, principal])?;
+                }
+                Ok(created)
             })
-            .await
+            .await?;
+        if created {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!("tenant {} exists", tenant.id)))
+        }
     }
 
     async fn get_tenant(&self, id: &TenantId) -> StoreResult<Option<Tenant>> {

@@ -141,6 +141,7 @@ pub(super) fn write_loop(
     mut conn: Connection,
     mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
     durability: Durability,
+    failing: &std::sync::atomic::AtomicBool,
 ) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
     let mut sync = durability;
@@ -168,6 +169,7 @@ pub(super) fn write_loop(
                     // Staying stricter than needed costs a sync; weaker than promised
                     // is never allowed: the durable callers hear it failed.
                     Err(e) if wanted == Durability::Full => {
+                        failing.store(true, std::sync::atomic::Ordering::Relaxed);
                         for job in group.drain(..) {
                             job.finish(Err(format!("cannot make the commit durable: {e}")));
                         }
@@ -176,7 +178,7 @@ pub(super) fn write_loop(
                     Err(e) => tracing::debug!(error = %e, "stays synchronous=FULL"),
                 }
             }
-            commit_group(&mut conn, &mut group);
+            commit_group(&mut conn, &mut group, failing);
         }
     }
 }
@@ -192,7 +194,8 @@ fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<B
 
 /// Run the jobs of `group` in one transaction and answer them (all of them, or, if
 /// SQLite rolls a transaction back by itself, those from the front that ran; see
-/// [`commit_isolated`]).
+/// [`commit_isolated`]). Sets `failing` to whether a job's work was not committed,
+/// before any caller hears of it.
 ///
 /// Why not a savepoint per job: SQLite copies every page a savepoint's work touches
 /// before changing it (its sub-journal), so the jobs of a group that all write the same
@@ -201,9 +204,22 @@ fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<B
 /// failure), so they run straight into the transaction, and if one does fail, the whole
 /// transaction is rolled back and the group run again with a savepoint per job, which
 /// rolls the failing one back alone. That is why a job may run twice.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
+fn commit_group(
+    conn: &mut Connection,
+    group: &mut Vec<Box<dyn WriteJob>>,
+    failing: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !conn.is_autocommit() {
+        // A transaction left open by a rollback that failed: without this, every
+        // group after it would fail to begin until the process restarted.
+        if let Err(e) = conn.execute_batch("ROLLBACK") {
+            tracing::warn!(error = %e, "could not end a transaction left open");
+        }
+    }
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let why = e.to_string();
+        failing.store(true, Relaxed);
         for job in group.drain(..) {
             job.finish(Err(why.clone()));
         }
@@ -221,11 +237,15 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteJob>>) {
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
+        failing.store(committed.is_err(), Relaxed);
         for job in group.drain(..) {
             job.finish(committed.clone());
         }
         return;
     }
+    // A write failed: expected answers are results, not failures, so this one could
+    // not be written (a full disk, the size limit).
+    failing.store(true, Relaxed);
     if !conn.is_autocommit() {
         if let Err(e) = conn.execute_batch("ROLLBACK") {
             tracing::warn!(error = %e, "could not roll back a failed group");
