@@ -39,22 +39,47 @@ const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
 const FAILURE_BATCH: usize = 10;
 
+/// Fan-outs started by publishes and not yet done, at most: past it a publish leaves
+/// its event to the outbox poller (which takes it [`INLINE_GRACE`] later), so a flood
+/// of publishes cannot pile up tasks without bound.
+pub const INLINE_FAN_OUTS: usize = 1_024;
+
 /// The embedded runtime's step after a publish commits: fan the event out at once,
-/// in the request, so a tenant's burst is fanned out as fast as it is accepted and
-/// its other events never queue behind it in the outbox. A failure here loses
-/// nothing: the event is committed, and the outbox poller fans it out once it is
-/// [`INLINE_GRACE`] old.
+/// beside the request (which answers 202 without waiting for it), so a tenant's burst
+/// is fanned out as fast as it is accepted and its other events never queue behind
+/// it in the outbox. A failure here loses nothing: the event is committed, and the
+/// outbox poller fans it out once it is [`INLINE_GRACE`] old.
 pub struct InlineFanOut {
     pub services: Services,
     pub store: SqliteStore,
+    /// [`INLINE_FAN_OUTS`] permits.
+    pub running: Arc<Semaphore>,
+}
+
+impl InlineFanOut {
+    pub fn new(services: Services, store: SqliteStore) -> Self {
+        Self {
+            services,
+            store,
+            running: Arc::new(Semaphore::new(INLINE_FAN_OUTS)),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl entrega_http::api::AfterPublish for InlineFanOut {
     async fn published(&self, event: &entrega_core::event::Event) {
-        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
-            tracing::debug!(event_id = %event.id, error = %e, "fan-out at publish failed; the outbox poller retries it");
-        }
+        let Ok(permit) = self.running.clone().try_acquire_owned() else {
+            tracing::debug!(event_id = %event.id, "too many fan-outs under way; the outbox poller takes this one");
+            return;
+        };
+        let (services, store, event) = (self.services.clone(), self.store.clone(), event.clone());
+        tokio::spawn(async move {
+            if let Err(e) = fan_out_committed(&services, &store, &event).await {
+                tracing::debug!(event_id = %event.id, error = %e, "fan-out at publish failed; the outbox poller retries it");
+            }
+            drop(permit);
+        });
     }
 }
 

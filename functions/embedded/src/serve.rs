@@ -99,10 +99,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             services.notifier = notifier;
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
-            let inline = InlineFanOut {
-                services: services.clone(),
-                store: backlog.store.clone(),
-            };
+            let inline = InlineFanOut::new(services.clone(), backlog.store.clone());
             let runtime = Runtime {
                 services: services.clone(),
                 store: backlog.store.clone(),

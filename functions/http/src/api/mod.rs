@@ -48,7 +48,8 @@ pub struct AppState {
     /// All tenants' waiting work, where the runtime can count it cheaply.
     pub waiting: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
     /// What a runtime does with a newly committed event before answering 202; the
-    /// embedded runtime fans it out at once (the outbox poller stays the fallback).
+    /// embedded runtime starts its fan-out at once, beside the request (the outbox
+    /// poller stays the fallback).
     pub after_publish: Option<Arc<dyn AfterPublish>>,
 }
 
