@@ -2,7 +2,7 @@
 use std::sync::Arc;
 
 use entrega_http::api::rate_limit::{rate_limit_from_env, RateLimiter};
-use entrega_http::api::{router, AppState};
+use entrega_http::api::{router, App};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use lambda_http::{run, Error};
 
@@ -12,7 +12,7 @@ async fn main() -> Result<(), Error> {
     let transport = Arc::new(HttpTransport::new(targets.clone()));
     let services = entrega_aws::function::cold_start(transport).await?;
     let limiter = Some(Arc::new(RateLimiter::new(rate_limit_from_env())));
-    run(router(AppState {
+    run(router(App {
         services,
         targets: Arc::new(targets),
         limiter,

@@ -20,7 +20,7 @@ use entrega_core::ports::{
 use entrega_core::slots::InProcessSlots;
 use entrega_core::tenant::{generate_api_key, hash_api_key, Principal};
 use entrega_http::api::rate_limit::RateLimiter;
-use entrega_http::api::{router, AppState};
+use entrega_http::api::{router, App, AppState};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
 
@@ -288,14 +288,15 @@ where
         Arc::new(move || b.snapshot().iter().map(|(_, n)| n).sum::<u64>())
             as Arc<dyn Fn() -> u64 + Send + Sync>
     });
-    let state = AppState {
+    let state: AppState = App {
         services,
         targets: Arc::new(config.targets.clone()),
         limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
         conditions: probes.conditions.clone(),
         waiting,
         after_publish: probes.after_publish.clone(),
-    };
+    }
+    .into();
     // Metrics are this process's own, so they are served beside the shared API.
     let metrics = MetricsRoute {
         metrics: probes.metrics.clone(),

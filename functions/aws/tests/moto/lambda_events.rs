@@ -163,7 +163,7 @@ async fn stream_and_sqs_events_in_lambda_shapes_with_partial_failures() {
 
 /// The API function's router on the stack's services, and an admin key it accepts.
 async fn api_function(stack: &Stack) -> (axum::Router, String) {
-    let app = entrega_http::api::router(entrega_http::api::AppState {
+    let app = entrega_http::api::router(entrega_http::api::App {
         services: stack.services.clone(),
         targets: std::sync::Arc::new(entrega_http::transport::TargetPolicy::default()),
         limiter: None,
