@@ -290,3 +290,83 @@ async fn run_delivery(services: &Services, conditions: &Conditions, message: Rec
         .apply(services.deliveries.as_ref(), &message.receipt)
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chrono::Utc;
+    use entrega_core::endpoint::Endpoint;
+    use entrega_core::event::Event;
+    use entrega_core::ids::{EventId, TenantId};
+    use entrega_core::ports::SystemClock;
+    use entrega_core::tenant::Tenant;
+    use entrega_http::api::AfterPublish;
+    use entrega_http::transport::{HttpTransport, TargetPolicy};
+    use tokio::sync::Semaphore;
+
+    use super::InlineFanOut;
+
+    /// A publish that finds every fan-out slot taken leaves its event to the outbox
+    /// poller; one that finds a slot fans it out beside the request.
+    #[tokio::test]
+    async fn fan_outs_past_the_bound_are_left_to_the_outbox_poller() {
+        let dir = entrega_testkit::TempDir::new("inline-bound");
+        let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
+        let (services, store) =
+            crate::serve::open_sqlite(&dir.0.join("i.db"), Arc::new(SystemClock), transport)
+                .await
+                .unwrap();
+        let tenant = Tenant {
+            id: TenantId::generate(),
+            name: "T".into(),
+            owner_email: "owner@example.com".into(),
+            created_at: Utc::now(),
+        };
+        services.store.create_tenant(&tenant, "hash").await.unwrap();
+        let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", Utc::now());
+        services.store.create_endpoint(&endpoint).await.unwrap();
+        let event = || Event {
+            id: EventId::generate(),
+            tenant_id: tenant.id.clone(),
+            event_type: "a.b".into(),
+            payload: "{}".into(),
+            created_at: Utc::now(),
+        };
+
+        let full = InlineFanOut {
+            running: Arc::new(Semaphore::new(0)),
+            ..InlineFanOut::new(services.clone(), store.clone())
+        };
+        let left = event();
+        services.store.publish(&left).await.unwrap();
+        full.published(&left).await;
+        let free = InlineFanOut::new(services.clone(), store.clone());
+        let taken = event();
+        services.store.publish(&taken).await.unwrap();
+        free.published(&taken).await;
+        // The outbox keeps the event left alone, and only it, once the other's
+        // fan-out has marked its row.
+        entrega_testkit::eventually(Duration::from_secs(5), "the fan-out", || async {
+            let waiting = store.outbox_waiting(10, Duration::ZERO).await.unwrap();
+            (waiting.len() == 1 && waiting[0].id == left.id).then_some(())
+        })
+        .await;
+        assert_eq!(
+            services
+                .store
+                .deliveries_of_event(&taken)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(services
+            .store
+            .deliveries_of_event(&left)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}
