@@ -11,3 +11,6 @@ pub mod pg_outbox;
 pub mod runtime;
 pub mod serve;
 pub mod sqlite;
+
+#[cfg(test)]
+mod test_support;

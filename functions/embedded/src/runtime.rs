@@ -296,12 +296,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use chrono::Utc;
-    use entrega_core::endpoint::Endpoint;
-    use entrega_core::event::Event;
-    use entrega_core::ids::{EventId, TenantId};
     use entrega_core::ports::SystemClock;
-    use entrega_core::tenant::Tenant;
     use entrega_http::api::AfterPublish;
     use entrega_http::transport::{HttpTransport, TargetPolicy};
     use tokio::sync::Semaphore;
@@ -318,22 +313,9 @@ mod tests {
             crate::serve::open_sqlite(&dir.0.join("i.db"), Arc::new(SystemClock), transport)
                 .await
                 .unwrap();
-        let tenant = Tenant {
-            id: TenantId::generate(),
-            name: "T".into(),
-            owner_email: "owner@example.com".into(),
-            created_at: Utc::now(),
-        };
-        services.store.create_tenant(&tenant, "hash").await.unwrap();
-        let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", Utc::now());
-        services.store.create_endpoint(&endpoint).await.unwrap();
-        let event = || Event {
-            id: EventId::generate(),
-            tenant_id: tenant.id.clone(),
-            event_type: "a.b".into(),
-            payload: "{}".into(),
-            created_at: Utc::now(),
-        };
+        let (_, event) =
+            crate::test_support::tenant_with_endpoint(&services, "https://hooks.example.com/")
+                .await;
 
         let full = InlineFanOut {
             running: Arc::new(Semaphore::new(0)),

@@ -54,7 +54,6 @@ async fn one_delivery_per_event_and_endpoint_whatever_its_id() {
 #[tokio::test]
 async fn an_outcome_never_lands_on_a_resend_its_lease_lost_to() {
     use entrega_core::handlers::{fanout::fan_out, worker::handle_delivery};
-    use entrega_core::tenant::Tenant;
     use entrega_http::transport::{HttpTransport, TargetPolicy};
     use std::time::Duration;
 
@@ -72,22 +71,9 @@ async fn an_outcome_never_lands_on_a_resend_its_lease_lost_to() {
     )
     .await
     .unwrap();
-    let tenant = Tenant {
-        id: TenantId::generate(),
-        name: "T".into(),
-        owner_email: "owner@example.com".into(),
-        created_at: Utc::now(),
-    };
-    services.store.create_tenant(&tenant, "hash").await.unwrap();
-    let endpoint = Endpoint::new(tenant.id.clone(), receiver.url("/hook"), Utc::now());
-    services.store.create_endpoint(&endpoint).await.unwrap();
-    let event = Event {
-        id: EventId::generate(),
-        tenant_id: tenant.id.clone(),
-        event_type: "a.b".into(),
-        payload: "{}".into(),
-        created_at: Utc::now(),
-    };
+    let (_, event) =
+        crate::test_support::tenant_with_endpoint(&services, &receiver.url("/hook")).await;
+    let event = event();
     services.store.publish(&event).await.unwrap();
     fan_out(&services, &event).await.unwrap();
     let message = services

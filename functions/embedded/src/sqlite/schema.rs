@@ -62,23 +62,23 @@ pub fn migrate(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
              DROP INDEX IF EXISTS deliveries_due;",
         )?;
     }
-    if version < 3 && has_attempts {
+    // The attempts move to the table as SCHEMA now makes it.
+    let move_attempts = version < 3 && has_attempts;
+    if move_attempts {
         tx.execute_batch(
-            "CREATE TABLE attempts_v3 (
-                 delivery_id TEXT NOT NULL,
-                 id TEXT NOT NULL,
-                 endpoint_id TEXT NOT NULL,
-                 started_at TEXT NOT NULL,
-                 json TEXT NOT NULL,
-                 PRIMARY KEY (delivery_id, id)
-             ) WITHOUT ROWID;
-             INSERT OR IGNORE INTO attempts_v3 (delivery_id, id, endpoint_id, started_at, json)
-                 SELECT delivery_id, id, endpoint_id, started_at, json FROM attempts;
-             DROP TABLE attempts;
-             ALTER TABLE attempts_v3 RENAME TO attempts;",
+            "ALTER TABLE attempts RENAME TO attempts_v2;
+             DROP INDEX IF EXISTS attempts_by_delivery;
+             DROP INDEX IF EXISTS attempts_by_endpoint;",
         )?;
     }
     tx.execute_batch(SCHEMA)?;
+    if move_attempts {
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO attempts (delivery_id, id, endpoint_id, started_at, json)
+                 SELECT delivery_id, id, endpoint_id, started_at, json FROM attempts_v2;
+             DROP TABLE attempts_v2;",
+        )?;
+    }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
 }

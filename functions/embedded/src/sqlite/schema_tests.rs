@@ -138,7 +138,7 @@ async fn a_schema_2_database_keeps_its_deliveries_attempts_and_due_times() {
     let attempts = store.list_attempts(&waiting.id).await.unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].id, tried.id);
-    let (version, indexes): (i64, i64) = db
+    let (version, indexes, by_endpoint): (i64, i64, String) = db
         .call(|conn| {
             Ok((
                 conn.pragma_query_value(None, "user_version", |r| r.get(0))?,
@@ -148,12 +148,22 @@ async fn a_schema_2_database_keeps_its_deliveries_attempts_and_due_times() {
                     [],
                     |r| r.get(0),
                 )?,
+                conn.query_row(
+                    "SELECT group_concat(tbl_name) FROM sqlite_master
+                     WHERE name = 'attempts_by_endpoint'",
+                    [],
+                    |r| r.get(0),
+                )?,
             ))
         })
         .await
         .unwrap();
     assert_eq!(version, super::SCHEMA_VERSION);
     assert_eq!(indexes, 0, "the queue's unread indexes are gone");
+    assert_eq!(
+        by_endpoint, "attempts",
+        "the endpoint index is on the new table"
+    );
     // And the migrated delivery is written as any other.
     let mut next = overdue[0].clone();
     next.state = DeliveryState::Delivered;
