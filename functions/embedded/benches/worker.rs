@@ -94,6 +94,7 @@ async fn main() {
         store: parts.store,
         delivery_queue: parts.deliveries,
         conditions: Arc::new(Conditions::default()),
+        fan_outs_under_way: Default::default(),
     };
     println!("queued; draining");
     let started = Instant::now();

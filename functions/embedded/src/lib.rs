@@ -3,6 +3,7 @@
 //! `entrega` binary wires it all to the shared API router.
 
 pub mod cli;
+pub mod fan_out;
 pub mod http_server;
 pub mod listen;
 pub mod metrics;

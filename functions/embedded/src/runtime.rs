@@ -13,7 +13,6 @@ use std::time::Duration;
 use entrega_core::conditions::{Component, Conditions};
 use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
-use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::sweep::{sweep_overdue, SWEEP_INTERVAL};
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
 use entrega_core::ports::{ReceivedMessage, Services, StoreError};
@@ -21,8 +20,8 @@ use entrega_runtime::{pause, poll_until_stopped, LoopBackoff, Settlement, AGE_CH
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::fan_out::{fan_out_committed, FanOutsUnderWay};
 use crate::sqlite::queue::SqliteQueue;
-use crate::sqlite::replayable;
 use crate::sqlite::SqliteStore;
 
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
@@ -39,68 +38,6 @@ const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
 const FAILURE_BATCH: usize = 10;
 
-/// Fan-outs started by publishes and not yet done, at most: past it a publish leaves
-/// its event to the outbox poller (which takes it [`INLINE_GRACE`] later), so a flood
-/// of publishes cannot pile up tasks without bound.
-pub const INLINE_FAN_OUTS: usize = 1_024;
-
-/// The embedded runtime's step after a publish commits: fan the event out at once,
-/// beside the request (which answers 202 without waiting for it), so a tenant's burst
-/// is fanned out as fast as it is accepted and its other events never queue behind
-/// it in the outbox. A failure here loses nothing: the event is committed, and the
-/// outbox poller fans it out once it is [`INLINE_GRACE`] old.
-pub struct InlineFanOut {
-    pub services: Services,
-    pub store: SqliteStore,
-    /// [`INLINE_FAN_OUTS`] permits.
-    pub running: Arc<Semaphore>,
-}
-
-impl InlineFanOut {
-    pub fn new(services: Services, store: SqliteStore) -> Self {
-        Self {
-            services,
-            store,
-            running: Arc::new(Semaphore::new(INLINE_FAN_OUTS)),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl entrega_http::api::AfterPublish for InlineFanOut {
-    async fn published(&self, event: &entrega_core::event::Event) {
-        let Ok(permit) = self.running.clone().try_acquire_owned() else {
-            tracing::debug!(event_id = %event.id, "too many fan-outs under way; the outbox poller takes this one");
-            return;
-        };
-        let (services, store, event) = (self.services.clone(), self.store.clone(), event.clone());
-        tokio::spawn(async move {
-            if let Err(e) = fan_out_committed(&services, &store, &event).await {
-                tracing::debug!(event_id = %event.id, error = %e, "fan-out at publish failed; the outbox poller retries it");
-            }
-            drop(permit);
-        });
-    }
-}
-
-/// Fan a committed event out, then mark its outbox row. Marked only after its
-/// deliveries are queued: a crash between the two replays the fan-out, which is
-/// idempotent.
-///
-/// Its writes are [`replayable`]: the outbox row is already durable, so they commit
-/// without waiting for the disk (see there for why that loses nothing).
-async fn fan_out_committed(
-    services: &Services,
-    store: &SqliteStore,
-    event: &entrega_core::event::Event,
-) -> Result<(), StoreError> {
-    replayable(async {
-        fan_out(services, event).await?;
-        store.mark_fanned_out(event).await
-    })
-    .await
-}
-
 /// How old an outbox row must be before the poller takes it: younger ones are being
 /// fanned out by their own publish request.
 pub const INLINE_GRACE: Duration = Duration::from_secs(2);
@@ -112,6 +49,8 @@ pub struct Runtime {
     /// The delivery queue itself, for its wake-up signal.
     pub delivery_queue: SqliteQueue,
     pub conditions: Arc<Conditions>,
+    /// What is being fanned out beside the poller, which it leaves alone.
+    pub fan_outs_under_way: FanOutsUnderWay,
 }
 
 impl Runtime {
@@ -150,16 +89,22 @@ impl Runtime {
         .await;
     }
 
-    /// Fan out what waits in the outbox; `Ok(true)` if there was any.
-    async fn fan_out_waiting(&self) -> Result<bool, StoreError> {
+    /// Fan out what waits in the outbox, but for what is being fanned out beside the
+    /// poller; `Ok(true)` if there was any (what is under way is looked at again at
+    /// the next poll, not at once).
+    pub(crate) async fn fan_out_waiting(&self) -> Result<bool, StoreError> {
         let events = self
             .store
             .outbox_waiting(OUTBOX_BATCH, INLINE_GRACE)
             .await?;
+        let mut fanned_out = false;
         for event in &events {
-            fan_out_committed(&self.services, &self.store, event).await?;
+            if !self.fan_outs_under_way.contains(event) {
+                fan_out_committed(&self.services, &self.store, event).await?;
+                fanned_out = true;
+            }
         }
-        Ok(!events.is_empty())
+        Ok(fanned_out)
     }
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
@@ -289,66 +234,4 @@ async fn run_delivery(services: &Services, conditions: &Conditions, message: Rec
     Settlement::of(&outcome, message.receive_count, services.random.as_ref())
         .apply(services.deliveries.as_ref(), &message.receipt)
         .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use entrega_core::ports::SystemClock;
-    use entrega_http::api::AfterPublish;
-    use entrega_http::transport::{HttpTransport, TargetPolicy};
-    use tokio::sync::Semaphore;
-
-    use super::InlineFanOut;
-
-    /// A publish that finds every fan-out slot taken leaves its event to the outbox
-    /// poller; one that finds a slot fans it out beside the request.
-    #[tokio::test]
-    async fn fan_outs_past_the_bound_are_left_to_the_outbox_poller() {
-        let dir = entrega_testkit::TempDir::new("inline-bound");
-        let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
-        let (services, store) =
-            crate::serve::open_sqlite(&dir.0.join("i.db"), Arc::new(SystemClock), transport)
-                .await
-                .unwrap();
-        let (_, event) =
-            crate::test_support::tenant_with_endpoint(&services, "https://hooks.example.com/")
-                .await;
-
-        let full = InlineFanOut {
-            running: Arc::new(Semaphore::new(0)),
-            ..InlineFanOut::new(services.clone(), store.clone())
-        };
-        let left = event();
-        services.store.publish(&left).await.unwrap();
-        full.published(&left).await;
-        let free = InlineFanOut::new(services.clone(), store.clone());
-        let taken = event();
-        services.store.publish(&taken).await.unwrap();
-        free.published(&taken).await;
-        // The outbox keeps the event left alone, and only it, once the other's
-        // fan-out has marked its row.
-        entrega_testkit::eventually(Duration::from_secs(5), "the fan-out", || async {
-            let waiting = store.outbox_waiting(10, Duration::ZERO).await.unwrap();
-            (waiting.len() == 1 && waiting[0].id == left.id).then_some(())
-        })
-        .await;
-        assert_eq!(
-            services
-                .store
-                .deliveries_of_event(&taken)
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-        assert!(services
-            .store
-            .deliveries_of_event(&left)
-            .await
-            .unwrap()
-            .is_empty());
-    }
 }

@@ -24,9 +24,10 @@ use entrega_http::api::{router, App, AppState};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
 
+use crate::fan_out::{FanOutBesideRequest, FanOutsUnderWay, InlineFanOut};
 use crate::metrics::PrometheusMetrics;
 use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
-use crate::runtime::{InlineFanOut, Runtime};
+use crate::runtime::Runtime;
 use crate::sqlite::backlog::EmbeddedBacklog;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{Durability, SqliteDb, SqliteStore};
@@ -99,18 +100,25 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             services.notifier = notifier;
             services.metrics = metrics.clone();
             services.settings = config.settings.clone();
-            let inline = InlineFanOut::new(services.clone(), backlog.store.clone());
+            let under_way = FanOutsUnderWay::default();
+            let inline = Arc::new(InlineFanOut {
+                services: services.clone(),
+                store: backlog.store.clone(),
+                under_way: under_way.clone(),
+            });
             let runtime = Runtime {
                 services: services.clone(),
                 store: backlog.store.clone(),
                 delivery_queue: backlog.deliveries.clone(),
                 conditions: conditions.clone(),
+                fan_outs_under_way: under_way,
             };
             let probe = Probes {
                 metrics,
                 conditions,
                 backlog: Some(backlog),
-                after_publish: Some(Arc::new(inline)),
+                after_publish: Some(Arc::new(FanOutBesideRequest::new(inline.clone()))),
+                fan_out: Some(inline),
             };
             let listener = bind(&config).await?;
             // The admin key is minted only once the port is ours: a failed start must
@@ -151,6 +159,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 backlog: None,
                 // The outbox table's stream fans out, as on AWS.
                 after_publish: None,
+                fan_out: None,
             };
             run(
                 &config,
@@ -179,12 +188,15 @@ async fn bind(config: &ServeConfig) -> Result<tokio::net::TcpListener, BoxError>
 }
 
 /// What the API serves beside the shared router: metrics, conditions, the backlog, and
-/// the runtime's step after a publish.
+/// the runtime's steps after a publish (`after_publish`, beside the request) and after
+/// a producer outbox's drain commits an event (`fan_out`, awaited: the drain's
+/// back-pressure).
 struct Probes {
     metrics: Arc<PrometheusMetrics>,
     conditions: Arc<Conditions>,
     backlog: Option<EmbeddedBacklog>,
     after_publish: Option<Arc<dyn entrega_http::api::AfterPublish>>,
+    fan_out: Option<Arc<dyn entrega_http::api::AfterPublish>>,
 }
 
 /// One process per database: the lock is what makes releasing the previous process's
@@ -318,7 +330,7 @@ where
         let drain = crate::pg_outbox::Drain {
             config: outbox.clone(),
             services: state.services.clone(),
-            after_publish: probes.after_publish.clone(),
+            after_publish: probes.fan_out.clone(),
             conditions: probes.conditions.clone(),
         };
         drains.spawn(drain.run(stop_rx.clone()));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{info_span, Instrument};
 
-use crate::delivery::{Delivery, DeliveryState};
+use crate::delivery::{Attempt, Delivery, DeliveryState};
 use crate::endpoint::{DeliveryMode, Endpoint};
 use crate::ports::{AttemptMetric, PendingWrite, RngOf, Services, StoreError, StoreResult};
 use crate::retry::{RetryPolicy, RetrySpec};
@@ -318,16 +318,18 @@ impl Attempting<'_> {
             Err(e) => return Err(e),
         };
         let report = self.send(services, &step.delivery).await?;
-        let delivery = match lease.await {
-            Ok(saved) => saved,
+        let (delivery, unrecorded) = match lease.await {
+            Ok(saved) => (saved, Vec::new()),
             Err(e) => {
                 // The lease never landed: the delivery changed first (a resend, a
                 // pause, a duplicate's lease), or the store failed. The outcome is then
                 // written against the version read, so it lands only if nobody changed
                 // the delivery; if somebody did, it is a conflict like any other: the
-                // attempt is kept, the delivery is left as they made it.
+                // attempt is kept, the delivery is left as they made it. The lease's
+                // own records (an interrupted attempt) go with it: a store that failed
+                // did not keep them.
                 tracing::debug!(error = %e, "the lease written ahead of the attempt did not land");
-                step.delivery.clone()
+                (step.delivery.clone(), attempts)
             }
         };
         let now = services.clock.now();
@@ -346,7 +348,7 @@ impl Attempting<'_> {
             duration_ms = report.duration.as_millis() as u64,
             "attempt finished"
         );
-        self.record_outcome(services, &delivery, &report, step, now)
+        self.record_outcome(services, &delivery, &report, step, unrecorded, now)
             .await
     }
 
@@ -379,17 +381,18 @@ impl Attempting<'_> {
         Ok(report)
     }
 
-    /// Persist the attempt's outcome, then the endpoint's health and what the step
-    /// asks for next.
+    /// Persist the attempt's outcome (with `attempts` not yet recorded), then the
+    /// endpoint's health and what the step asks for next.
     async fn record_outcome(
         &self,
         services: &Services,
         delivery: &Delivery,
         report: &AttemptReport,
         step: state_machine::Step,
+        mut attempts: Vec<Attempt>,
         now: chrono::DateTime<chrono::Utc>,
     ) -> StoreResult<Disposition> {
-        let attempts = step.attempts();
+        attempts.extend(step.attempts());
         let succeeded = report.result.failure_kind().is_none();
         let saved = match services
             .store

@@ -44,6 +44,9 @@ const MMAP_BYTES: i64 = 256 * 1024 * 1024;
 /// it again (an unmap stops every thread of the process to flush its address cache). A
 /// reader's few pages a read are cheaper read with `pread`.
 const READER_MMAP_BYTES: i64 = 0;
+/// How long a failed write marks the database as failing (see
+/// [`SqliteDb::writes_failing`]).
+pub const WRITES_FAILING_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often the checkpointer copies the log back into the database.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 /// Log pages past which the writer checkpoints by itself (SQLite's default is 1 000):
@@ -136,8 +139,8 @@ pub struct SqliteDb {
     /// Pages in use past which new events are refused (0: no limit): a share of the
     /// hard size limit kept free, so what was accepted can still be delivered.
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
-    /// Set by the writer thread (see [`Self::writes_failing`]).
-    writes_failing: Arc<std::sync::atomic::AtomicBool>,
+    /// When a write last failed (unix ms; 0: never), set by the writer thread.
+    last_write_failure_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 fn tune(conn: &Connection, cache_kib: i64, mmap_bytes: i64) -> Result<(), rusqlite::Error> {
@@ -177,8 +180,8 @@ impl SqliteDb {
         let checkpointer = Connection::open(path)?;
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
-        let writes_failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let failing = writes_failing.clone();
+        let last_write_failure_ms = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let failing = last_write_failure_ms.clone();
         spawn("writer", move || {
             write_loop(conn, queued, durability, &failing)
         })?;
@@ -193,7 +196,7 @@ impl SqliteDb {
             }),
             _alive: alive,
             publish_pages: Arc::default(),
-            writes_failing,
+            last_write_failure_ms,
         })
     }
 
@@ -256,11 +259,15 @@ impl SqliteDb {
         self.queue(f, false).await
     }
 
-    /// Whether the last group the writer ran had a write fail (or failed to commit):
-    /// the database cannot be written at the moment (a full disk, the size limit).
+    /// Whether a write failed (or a commit) within [`WRITES_FAILING_FOR`]: the
+    /// database cannot be written at the moment (a full disk, the size limit). Not
+    /// just the last group: writes that need no new page still commit between ones
+    /// that fail.
     pub fn writes_failing(&self) -> bool {
-        self.writes_failing
-            .load(std::sync::atomic::Ordering::Relaxed)
+        let failed = self
+            .last_write_failure_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        failed > 0 && unix_ms() - failed < WRITES_FAILING_FOR.as_millis() as i64
     }
 
     async fn queue<T, F>(
@@ -357,6 +364,14 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
         .map_err(StoreError::from)
     }
+}
+
+/// Now, in unix milliseconds (the writer's own bookkeeping, not the clock port's).
+pub(super) fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 /// Start the database's thread named `entrega-sqlite-<role>`.

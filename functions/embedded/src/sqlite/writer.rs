@@ -141,7 +141,7 @@ pub(super) fn write_loop(
     mut conn: Connection,
     mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
     durability: Durability,
-    failing: &std::sync::atomic::AtomicBool,
+    failing: &std::sync::atomic::AtomicI64,
 ) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
     let mut sync = durability;
@@ -169,7 +169,7 @@ pub(super) fn write_loop(
                     // Staying stricter than needed costs a sync; weaker than promised
                     // is never allowed: the durable callers hear it failed.
                     Err(e) if wanted == Durability::Full => {
-                        failing.store(true, std::sync::atomic::Ordering::Relaxed);
+                        failing.store(super::db::unix_ms(), std::sync::atomic::Ordering::Relaxed);
                         for job in group.drain(..) {
                             job.finish(Err(format!("cannot make the commit durable: {e}")));
                         }
@@ -194,8 +194,8 @@ fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<B
 
 /// Run the jobs of `group` in one transaction and answer them (all of them, or, if
 /// SQLite rolls a transaction back by itself, those from the front that ran; see
-/// [`commit_isolated`]). Sets `failing` to whether a job's work was not committed,
-/// before any caller hears of it.
+/// [`commit_isolated`]). If a job's work was not committed, sets `failing` to now
+/// (unix ms) before any caller hears of it.
 ///
 /// Why not a savepoint per job: SQLite copies every page a savepoint's work touches
 /// before changing it (its sub-journal), so the jobs of a group that all write the same
@@ -207,7 +207,7 @@ fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<B
 fn commit_group(
     conn: &mut Connection,
     group: &mut Vec<Box<dyn WriteJob>>,
-    failing: &std::sync::atomic::AtomicBool,
+    failing: &std::sync::atomic::AtomicI64,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     if !conn.is_autocommit() {
@@ -219,7 +219,7 @@ fn commit_group(
     }
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let why = e.to_string();
-        failing.store(true, Relaxed);
+        failing.store(super::db::unix_ms(), Relaxed);
         for job in group.drain(..) {
             job.finish(Err(why.clone()));
         }
@@ -237,7 +237,9 @@ fn commit_group(
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
-        failing.store(committed.is_err(), Relaxed);
+        if committed.is_err() {
+            failing.store(super::db::unix_ms(), Relaxed);
+        }
         for job in group.drain(..) {
             job.finish(committed.clone());
         }
@@ -245,7 +247,7 @@ fn commit_group(
     }
     // A write failed: expected answers are results, not failures, so this one could
     // not be written (a full disk, the size limit).
-    failing.store(true, Relaxed);
+    failing.store(super::db::unix_ms(), Relaxed);
     if !conn.is_autocommit() {
         if let Err(e) = conn.execute_batch("ROLLBACK") {
             tracing::warn!(error = %e, "could not roll back a failed group");

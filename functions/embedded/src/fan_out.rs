@@ -1,0 +1,140 @@
+//! The embedded runtime's fan-out of a committed event, outside the outbox poller: by
+//! a publish (beside its request) and by a producer outbox's drain. The poller stays
+//! the fallback: it fans out what these did not (a crash, a full bound), and leaves
+//! alone what they are fanning out, so no event is fanned out twice at once (that
+//! would queue two messages for each of its deliveries, and both could be sent).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use entrega_core::event::Event;
+use entrega_core::handlers::fanout::fan_out;
+use entrega_core::ports::{Services, StoreError};
+use tokio::sync::Semaphore;
+
+use crate::sqlite::replayable;
+use crate::sqlite::SqliteStore;
+
+/// Fan-outs started by publishes and not yet done, at most: past it a publish leaves
+/// its event to the outbox poller (which takes it [`crate::runtime::INLINE_GRACE`]
+/// later), so a flood of publishes cannot pile up tasks without bound.
+pub const FAN_OUTS_BESIDE_REQUESTS: usize = 1_024;
+
+/// The events being fanned out here, which the outbox poller leaves alone.
+#[derive(Clone, Default)]
+pub struct FanOutsUnderWay(Arc<Mutex<HashSet<(String, String)>>>);
+
+impl FanOutsUnderWay {
+    fn key(event: &Event) -> (String, String) {
+        (event.tenant_id.to_string(), event.id.to_string())
+    }
+
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `event` is being fanned out here.
+    pub fn contains(&self, event: &Event) -> bool {
+        self.set().contains(&Self::key(event))
+    }
+
+    /// Mark `event` under way until the guard is dropped (also if the task holding it
+    /// is cancelled: an event left marked would never be fanned out by the poller).
+    fn start(&self, event: &Event) -> UnderWay {
+        let key = Self::key(event);
+        self.set().insert(key.clone());
+        UnderWay {
+            set: self.clone(),
+            key,
+        }
+    }
+}
+
+struct UnderWay {
+    set: FanOutsUnderWay,
+    key: (String, String),
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.set.set().remove(&self.key);
+    }
+}
+
+/// Fan a committed event out, then mark its outbox row. Marked only after its
+/// deliveries are queued: a crash between the two replays the fan-out, which is
+/// idempotent.
+///
+/// Its writes are [`replayable`]: the outbox row is already durable, so they commit
+/// without waiting for the disk (see there for why that loses nothing).
+pub async fn fan_out_committed(
+    services: &Services,
+    store: &SqliteStore,
+    event: &Event,
+) -> Result<(), StoreError> {
+    replayable(async {
+        fan_out(services, event).await?;
+        store.mark_fanned_out(event).await
+    })
+    .await
+}
+
+/// Fan a committed event out at once, returning when it is done (a drain's step: the
+/// fan-out is its back-pressure). A failure here loses nothing: the event is
+/// committed, and the outbox poller fans it out.
+pub struct InlineFanOut {
+    pub services: Services,
+    pub store: SqliteStore,
+    pub under_way: FanOutsUnderWay,
+}
+
+#[async_trait::async_trait]
+impl entrega_http::api::AfterPublish for InlineFanOut {
+    async fn published(&self, event: &Event) {
+        let _marked = self.under_way.start(event);
+        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
+            tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
+        }
+    }
+}
+
+/// A publish's step: start the event's fan-out beside the request, which answers 202
+/// without waiting for it (its event is committed), so publishers do not wait a second
+/// commit and a tenant's burst is fanned out as fast as it is accepted.
+pub struct FanOutBesideRequest {
+    pub inline: Arc<InlineFanOut>,
+    /// [`FAN_OUTS_BESIDE_REQUESTS`] permits.
+    pub running: Arc<Semaphore>,
+}
+
+impl FanOutBesideRequest {
+    pub fn new(inline: Arc<InlineFanOut>) -> Self {
+        Self {
+            inline,
+            running: Arc::new(Semaphore::new(FAN_OUTS_BESIDE_REQUESTS)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl entrega_http::api::AfterPublish for FanOutBesideRequest {
+    async fn published(&self, event: &Event) {
+        let Ok(permit) = self.running.clone().try_acquire_owned() else {
+            tracing::debug!(event_id = %event.id, "too many fan-outs under way; the outbox poller takes this one");
+            return;
+        };
+        // Marked before the request answers, so the poller never finds it unmarked.
+        let marked = self.inline.under_way.start(event);
+        let (inline, event) = (self.inline.clone(), event.clone());
+        tokio::spawn(async move {
+            if let Err(e) = fan_out_committed(&inline.services, &inline.store, &event).await {
+                tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
+            }
+            drop((marked, permit));
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "fan_out_tests.rs"]
+mod tests;
