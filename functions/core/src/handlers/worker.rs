@@ -290,29 +290,7 @@ impl Attempting<'_> {
             left_waiting(services, read.state, &delivery).await?;
             return carry_out(services, self.task, self.endpoint, &delivery, &step.actions).await;
         }
-        // Persisted *before* sending. At most once, this write is the guarantee, so it
-        // is on disk before the request goes. At least once, it is what keeps a
-        // duplicate message (a replayed fan-out, a sweep, SQS's own) from sending the
-        // same delivery again while this attempt runs (the other worker finds the
-        // lease, `Skip::Busy`, and after it the outcome); a store may let the request
-        // go while it commits (see `save_delivery_ahead`), as a duplicate send in that
-        // moment is within the promise.
-        let lease = if self.endpoint.mode == DeliveryMode::AtLeastOnce {
-            services
-                .store
-                .save_delivery_ahead(&step.delivery, &attempts)
-                .await
-        } else {
-            match services
-                .store
-                .save_delivery(&step.delivery, &attempts)
-                .await
-            {
-                Ok(saved) => Ok(Box::pin(std::future::ready(Ok(saved))) as PendingWrite<_>),
-                Err(e) => Err(e),
-            }
-        };
-        let lease = match lease {
+        let lease = match self.write_lease(services, &step.delivery, &attempts).await {
             Ok(lease) => lease,
             Err(StoreError::Conflict(_)) => return Ok(Disposition::RetryIn(CONFLICT_BACKOFF)),
             Err(e) => return Err(e),
@@ -350,6 +328,26 @@ impl Attempting<'_> {
         );
         self.record_outcome(services, &delivery, &report, step, unrecorded, now)
             .await
+    }
+
+    /// Write the lease `begun` before the request is sent. At most once, this write
+    /// is the guarantee, so it is on disk before the request goes. At least once, it
+    /// is what keeps a duplicate message (a replayed fan-out, a sweep, SQS's own) from
+    /// sending the same delivery again while this attempt runs (the other worker finds
+    /// the lease, `Skip::Busy`, and after it the outcome); a store may let the request
+    /// go while it commits (see `save_delivery_ahead`), as a duplicate send in that
+    /// moment is within the promise.
+    async fn write_lease(
+        &self,
+        services: &Services,
+        begun: &Delivery,
+        attempts: &[Attempt],
+    ) -> StoreResult<PendingWrite<Delivery>> {
+        if self.endpoint.mode == DeliveryMode::AtLeastOnce {
+            return services.store.save_delivery_ahead(begun, attempts).await;
+        }
+        let saved = services.store.save_delivery(begun, attempts).await?;
+        Ok(Box::pin(std::future::ready(Ok(saved))))
     }
 
     /// Sign and send the request for `delivery`; what came of it.
