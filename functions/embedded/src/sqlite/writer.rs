@@ -192,10 +192,10 @@ fn take_queued(queued: &mut mpsc::Receiver<Box<dyn WriteJob>>, group: &mut Vec<B
     }
 }
 
-/// Run the jobs of `group` in one transaction and answer them (all of them, or, if
-/// SQLite rolls a transaction back by itself, those from the front that ran; see
-/// [`commit_isolated`]). If a job's work was not committed, sets `failing` to now
-/// (unix ms) before any caller hears of it.
+/// Run the jobs of `group` in one transaction and answer them all (in more than one
+/// transaction if SQLite rolls one back by itself; see [`commit_isolated`]). If a
+/// job's work was not committed, sets `failing` to now (unix ms) before any caller
+/// hears of it.
 ///
 /// Why not a savepoint per job: SQLite copies every page a savepoint's work touches
 /// before changing it (its sub-journal), so the jobs of a group that all write the same
