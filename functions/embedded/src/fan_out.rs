@@ -88,13 +88,20 @@ pub struct InlineFanOut {
     pub under_way: FanOutsUnderWay,
 }
 
+impl InlineFanOut {
+    /// Fan `event` out; a failure is left to the outbox poller.
+    async fn fan_out(&self, event: &Event) {
+        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
+            tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl entrega_http::api::AfterPublish for InlineFanOut {
     async fn published(&self, event: &Event) {
         let _marked = self.under_way.start(event);
-        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
-            tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
-        }
+        self.fan_out(event).await;
     }
 }
 
@@ -127,9 +134,7 @@ impl entrega_http::api::AfterPublish for FanOutBesideRequest {
         let marked = self.inline.under_way.start(event);
         let (inline, event) = (self.inline.clone(), event.clone());
         tokio::spawn(async move {
-            if let Err(e) = fan_out_committed(&inline.services, &inline.store, &event).await {
-                tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
-            }
+            inline.fan_out(&event).await;
             drop((marked, permit));
         });
     }
