@@ -20,13 +20,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use entrega_core::ids::TenantId;
-use entrega_core::ports::{
-    Backlog, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
-};
+use entrega_core::ports::{Backlog, MessageQueue, OutgoingMessage, SendHook, StoreResult};
 
 pub struct SendBuffer {
     queue: Arc<dyn MessageQueue>,
@@ -58,29 +55,17 @@ impl SendBuffer {
 }
 
 #[async_trait]
-impl MessageQueue for SendBuffer {
+impl SendHook for SendBuffer {
+    fn queue(&self) -> &dyn MessageQueue {
+        self.queue.as_ref()
+    }
+
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(messages);
         Ok(())
-    }
-
-    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
-        self.queue.receive(max, visibility).await
-    }
-
-    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
-        self.queue.change_visibility(receipt, delay).await
-    }
-
-    async fn delete(&self, receipt: &str) -> StoreResult<()> {
-        self.queue.delete(receipt).await
-    }
-
-    fn delay_limits(&self) -> DelayLimits {
-        self.queue.delay_limits()
     }
 }
 

@@ -8,7 +8,7 @@ use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventR
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::ports::{MessageQueue, OutgoingMessage, Services};
+use entrega_core::ports::{Hooked, MessageQueue, OutgoingMessage, Services};
 use entrega_runtime::Settlement;
 use futures_util::future::join_all;
 use serde_json::Value;
@@ -55,7 +55,7 @@ pub async fn outbox_batch(
     quarantine: &dyn MessageQueue,
     records: Vec<OutboxRecord>,
 ) -> DynamoDbEventResponse {
-    let buffer = Arc::new(SendBuffer::new(services.deliveries.clone()));
+    let buffer = Arc::new(Hooked(SendBuffer::new(services.deliveries.clone())));
     let backlog = Arc::new(BacklogBuffer::new(services.backlog.clone()));
     let batched = Services {
         deliveries: buffer.clone(),

@@ -10,8 +10,7 @@ use entrega_core::event::{format_timestamp, Event};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::memory::World;
 use entrega_core::ports::{
-    Backlog, Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError,
-    StoreResult,
+    Backlog, Clock, Hooked, MessageQueue, OutgoingMessage, SendHook, StoreError, StoreResult,
 };
 use serde_json::json;
 
@@ -26,25 +25,17 @@ struct Counted {
 }
 
 #[async_trait]
-impl MessageQueue for Counted {
+impl SendHook for Counted {
+    fn queue(&self) -> &dyn MessageQueue {
+        self.queue.as_ref()
+    }
+
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if call >= self.refuse_from.load(Ordering::SeqCst) {
             return Err(StoreError::Backend("queue unavailable".into()));
         }
         self.queue.send(messages).await
-    }
-    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
-        self.queue.receive(max, visibility).await
-    }
-    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
-        self.queue.change_visibility(receipt, delay).await
-    }
-    async fn delete(&self, receipt: &str) -> StoreResult<()> {
-        self.queue.delete(receipt).await
-    }
-    fn delay_limits(&self) -> DelayLimits {
-        self.queue.delay_limits()
     }
 }
 
@@ -71,7 +62,7 @@ impl Backlog for Tally {
 /// records numbered 1..=n, and the counted queue and backlog in the services.
 struct Published {
     world: World,
-    queue: Arc<Counted>,
+    queue: Arc<Hooked<Counted>>,
     backlog: Arc<Tally>,
     events: Vec<Event>,
     records: Vec<OutboxRecord>,
@@ -87,11 +78,11 @@ async fn published(n: usize) -> Published {
         .add_endpoint(&tenant, "https://hooks.acme.example/", |_| {})
         .await
         .unwrap();
-    let counted = Arc::new(Counted {
+    let counted = Arc::new(Hooked(Counted {
         queue: world.services.deliveries.clone(),
         calls: AtomicUsize::new(0),
         refuse_from: AtomicUsize::new(usize::MAX),
-    });
+    }));
     world.services.deliveries = counted.clone();
     let backlog = Arc::new(Tally::default());
     world.services.backlog = backlog.clone();

@@ -170,6 +170,11 @@ pub struct DeliveryQuery {
 pub type PendingWrite<T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = StoreResult<T>> + Send>>;
 
+/// A write that has already committed, as a [`PendingWrite`].
+pub fn written<T: Send + 'static>(value: T) -> PendingWrite<T> {
+    Box::pin(std::future::ready(Ok(value)))
+}
+
 #[async_trait]
 pub trait DeliveryStore: Send + Sync {
     /// Create unless a delivery with this id exists; either way return the stored one,
@@ -210,7 +215,7 @@ pub trait DeliveryStore: Send + Sync {
         attempts: &[Attempt],
     ) -> StoreResult<PendingWrite<Delivery>> {
         let saved = self.save_delivery(delivery, attempts).await?;
-        Ok(Box::pin(std::future::ready(Ok(saved))))
+        Ok(written(saved))
     }
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>>;
     async fn list_deliveries(&self, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
@@ -454,6 +459,8 @@ mod metrics;
 pub use metrics::{AttemptMetric, Metrics, NoMetrics};
 mod random;
 pub use random::{RandomSource, RngOf, SeededRandom, SystemRandom};
+mod send_hook;
+pub use send_hook::{Hooked, SendHook};
 
 /// Tuning the operator sets; the same names on both runtimes.
 #[derive(Debug, Clone, PartialEq, Eq)]

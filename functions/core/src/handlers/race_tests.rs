@@ -3,7 +3,6 @@
 //! hostile test against the binary; here each is pinned on the in-memory world.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
@@ -14,9 +13,7 @@ use super::task::DeliveryTask;
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
 use crate::memory::{MemoryQueue, World};
-use crate::ports::{
-    Clock, DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreResult,
-};
+use crate::ports::{Clock, Hooked, MessageQueue, OutgoingMessage, SendHook, StoreResult};
 
 async fn world_with_endpoint() -> (World, Endpoint) {
     World::with_endpoint(
@@ -36,7 +33,11 @@ struct Witness {
 }
 
 #[async_trait]
-impl MessageQueue for Witness {
+impl SendHook for Witness {
+    fn queue(&self) -> &dyn MessageQueue {
+        &self.inner
+    }
+
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
         for m in &messages {
             if let Ok(task) = serde_json::from_str::<DeliveryTask>(&m.body) {
@@ -50,18 +51,6 @@ impl MessageQueue for Witness {
             }
         }
         self.inner.send(messages).await
-    }
-    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
-        self.inner.receive(max, visibility).await
-    }
-    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
-        self.inner.change_visibility(receipt, delay).await
-    }
-    async fn delete(&self, receipt: &str) -> StoreResult<()> {
-        self.inner.delete(receipt).await
-    }
-    fn delay_limits(&self) -> DelayLimits {
-        self.inner.delay_limits()
     }
 }
 
@@ -91,11 +80,11 @@ async fn a_resumed_delivery_is_pending_before_its_message_is_sent() {
 
     endpoint.disabled = false;
     store.update_endpoint(&endpoint).await.unwrap();
-    let witness = Arc::new(Witness {
+    let witness = Arc::new(Hooked(Witness {
         inner: world.deliveries.clone(),
         world: world.clone(),
         seen: Mutex::new(Vec::new()),
-    });
+    }));
     let mut services = world.services.clone();
     services.deliveries = witness.clone();
     let task = ResumeTask {

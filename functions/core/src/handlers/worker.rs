@@ -347,7 +347,7 @@ impl Attempting<'_> {
             return services.store.save_delivery_ahead(begun, attempts).await;
         }
         let saved = services.store.save_delivery(begun, attempts).await?;
-        Ok(Box::pin(std::future::ready(Ok(saved))))
+        Ok(crate::ports::written(saved))
     }
 
     /// Sign and send the request for `delivery`; what came of it.

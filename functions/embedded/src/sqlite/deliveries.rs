@@ -6,7 +6,7 @@ use entrega_core::delivery::{Attempt, Delivery};
 use entrega_core::event::Event;
 use entrega_core::ids::{DeliveryId, EndpointId};
 use entrega_core::ports::{
-    DeliveryQuery, DeliveryStore, Page, PendingWrite, StoreError, StoreResult,
+    written, DeliveryQuery, DeliveryStore, Page, PendingWrite, StoreError, StoreResult,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection};
@@ -208,7 +208,7 @@ impl DeliveryStore for SqliteStore {
     ) -> StoreResult<PendingWrite<Delivery>> {
         if self.db.writes_failing() {
             let saved = self.save_delivery(delivery, attempts).await?;
-            return Ok(Box::pin(std::future::ready(Ok(saved))));
+            return Ok(written(saved));
         }
         let (next, write) = DeliveryWrite::of(delivery, attempts)?;
         let id = delivery.id.clone();

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use entrega_core::memory::MemoryQueue;
-use entrega_core::ports::{
-    DelayLimits, MessageQueue, OutgoingMessage, ReceivedMessage, StoreError, StoreResult,
-};
+use entrega_core::ports::{MessageQueue, OutgoingMessage, SendHook, StoreError, StoreResult};
 use rand::Rng;
 
 /// How often each fault strikes (each a probability per chance).
@@ -58,7 +56,11 @@ pub(super) struct FaultyQueue {
 }
 
 #[async_trait]
-impl MessageQueue for FaultyQueue {
+impl SendHook for FaultyQueue {
+    fn queue(&self) -> &dyn MessageQueue {
+        &self.inner
+    }
+
     async fn send(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
         if self.dice.roll(self.faults.send_failure) {
             return Err(StoreError::Backend(
@@ -78,21 +80,5 @@ impl MessageQueue for FaultyQueue {
             }
         }
         self.inner.send(sent).await
-    }
-
-    async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {
-        self.inner.receive(max, visibility).await
-    }
-
-    async fn change_visibility(&self, receipt: &str, delay: Duration) -> StoreResult<()> {
-        self.inner.change_visibility(receipt, delay).await
-    }
-
-    async fn delete(&self, receipt: &str) -> StoreResult<()> {
-        self.inner.delete(receipt).await
-    }
-
-    fn delay_limits(&self) -> DelayLimits {
-        self.inner.delay_limits()
     }
 }

@@ -35,7 +35,7 @@ use entrega_core::handlers::fanout::fan_out;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::memory::World;
-use entrega_core::ports::{Clock, MessageQueue, ReceivedMessage, StoreResult};
+use entrega_core::ports::{Clock, Hooked, MessageQueue, ReceivedMessage, StoreResult};
 use entrega_core::slots::InProcessSlots;
 use entrega_runtime::Settlement;
 use futures_util::future::LocalBoxFuture;
@@ -123,11 +123,11 @@ impl Sim {
             crashed: Default::default(),
         });
         world.services.transport = endpoints.clone();
-        world.services.deliveries = Arc::new(FaultyQueue {
+        world.services.deliveries = Arc::new(Hooked(FaultyQueue {
             inner: world.deliveries.clone(),
             faults,
             dice: dice.clone(),
-        });
+        }));
         Self {
             world,
             seed,
