@@ -21,7 +21,7 @@ use serde_json::json;
 
 mod common;
 use common::server::{post, set_up, start_server};
-use common::{bare_client, payload, start_receiver, Arrivals};
+use common::{bare_client, cpu_seconds, payload, start_receiver, Arrivals};
 
 const DEFAULT_EVENTS: usize = 20_000;
 const PUBLISHERS: usize = 32;
@@ -149,10 +149,12 @@ async fn main() {
     // Throughput.
     let ids: Vec<String> = (0..events).map(|n| format!("load-{n}")).collect();
     let started = Instant::now();
+    let server_cpu = cpu_seconds(server.child.id());
     let sent_at = publish_all(&server.base, &key, ids.clone()).await;
     let publish_secs = started.elapsed().as_secs_f64();
     wait_for(&arrivals, &ids).await;
     let total_secs = started.elapsed().as_secs_f64();
+    let server_cpu = cpu_seconds(server.child.id()) - server_cpu;
     let loaded = latencies(&sent_at, &arrivals);
     println!(
         "throughput: published {:.0}/s, delivered {:.0}/s ({events} events, {PUBLISHERS} publishers); \
@@ -163,8 +165,10 @@ async fn main() {
         percentile(&loaded, 0.99).as_secs_f64() * 1e3,
     );
     println!(
-        "delivered / bare client: {:.1} %; server peak RSS {:.0} MB",
+        "delivered / bare client: {:.1} %; server CPU {:.1} µs an event (publish to delivered); \
+         server peak RSS {:.0} MB",
         100.0 * events as f64 / total_secs / bare,
+        1e6 * server_cpu / events as f64,
         rss_mb(server.child.id(), "VmHWM:")
     );
 

@@ -15,17 +15,17 @@ use chrono::Utc;
 use entrega_core::conditions::Conditions;
 use entrega_core::endpoint::Endpoint;
 use entrega_core::event::Event;
-use entrega_core::handlers::fanout::fan_out;
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::SystemClock;
 use entrega_core::tenant::Tenant;
+use entrega_embedded::fan_out::fan_out_committed;
 use entrega_embedded::runtime::Runtime;
 use entrega_embedded::serve::open_sqlite_parts;
 use entrega_embedded::sqlite::Durability;
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 
 mod common;
-use common::{bare_client, payload, start_receiver};
+use common::{bare_client, cpu_seconds, payload, start_receiver};
 
 // The `entrega` binary's allocator, so the figure is the binary's.
 #[global_allocator]
@@ -43,8 +43,15 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_DELIVERIES);
     let (url, arrivals) = start_receiver().await;
+    let me = std::process::id();
+    let cpu_before = cpu_seconds(me);
     let bare = bare_client(&url, n, CONCURRENCY as usize).await;
-    println!("bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {CONCURRENCY})");
+    let bare_cpu = cpu_seconds(me) - cpu_before;
+    println!(
+        "bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {CONCURRENCY}); \
+         CPU {:.1} µs a request (client and receiver)",
+        1e6 * bare_cpu / n as f64
+    );
 
     let dir = entrega_testkit::TempDir::new("bench-worker");
     let transport = Arc::new(HttpTransport::new(TargetPolicy {
@@ -84,7 +91,10 @@ async fn main() {
             created_at: Utc::now(),
         };
         services.store.publish(&event).await.unwrap();
-        fan_out(&services, &event).await.unwrap();
+        // Marked fanned out, so the outbox poller does not fan it out again.
+        fan_out_committed(&services, &parts.store, &event)
+            .await
+            .unwrap();
     }
 
     let before = arrivals.count.load(Ordering::Relaxed);
@@ -98,6 +108,7 @@ async fn main() {
     };
     println!("queued; draining");
     let started = Instant::now();
+    let cpu_before = cpu_seconds(me);
     let running = tokio::spawn(runtime.run(stopped));
     while arrivals.count.load(Ordering::Relaxed) - before < n {
         assert!(
@@ -107,10 +118,12 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let worker = n as f64 / started.elapsed().as_secs_f64();
+    let worker_cpu = cpu_seconds(me) - cpu_before;
     println!(
         "worker path: {worker:.0} deliveries/s ({n} queued, recorded with full durability); \
-         {:.1} % of the bare client",
-        100.0 * worker / bare
+         {:.1} % of the bare client; CPU {:.1} µs a delivery (worker and receiver)",
+        100.0 * worker / bare,
+        1e6 * worker_cpu / n as f64
     );
     let _ = stop.send(true);
     let _ = running.await;

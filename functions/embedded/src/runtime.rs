@@ -14,6 +14,7 @@ use entrega_core::conditions::{Component, Conditions};
 use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::sweep::{sweep_overdue, SWEEP_INTERVAL};
+use entrega_core::handlers::task::DeliveryTask;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
 use entrega_core::ports::{ReceivedMessage, Services, StoreError};
 use entrega_runtime::{pause, poll_until_stopped, LoopBackoff, Settlement, AGE_CHECK_INTERVAL};
@@ -33,6 +34,14 @@ pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);
 /// Longest wait between polls when nothing signalled work (delayed retries coming
 /// due, and a missed wake-up, are picked up this late at worst).
 pub const IDLE_POLL: Duration = Duration::from_millis(50);
+/// Under load, a receive waits for this many free slots (or [`GATHER_WINDOW`]), so
+/// that one receive, and one read of what its messages need, serves several messages
+/// instead of one each time an attempt ends.
+pub const RECEIVE_AT_LEAST: usize = 16;
+/// The longest a receive waits to gather [`RECEIVE_AT_LEAST`] free slots: attempts end
+/// thousands of times a second under load, so this is reached only when they are slow
+/// (then waiting longer would hold up the messages of other endpoints).
+pub const GATHER_WINDOW: Duration = Duration::from_millis(1);
 /// Outbox events fanned out per poll.
 const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
@@ -121,6 +130,10 @@ impl Runtime {
                 }
                 continue;
             }
+            if free < RECEIVE_AT_LEAST {
+                gather_free_slots(&slots, &mut in_flight).await;
+            }
+            let free = slots.available_permits();
             let received = match self
                 .services
                 .deliveries
@@ -145,11 +158,18 @@ impl Runtime {
                 }
                 continue;
             }
-            for message in received {
+            let tasks: Vec<Option<DeliveryTask>> = received
+                .iter()
+                .map(|m| serde_json::from_str(&m.body).ok())
+                .collect();
+            let prefetched = self.store.prefetch(&tasks).await;
+            for (message, prefetched) in received.into_iter().zip(prefetched) {
                 let permit = slots.clone().acquire_owned().await.expect("never closed");
                 let (services, conditions) = (self.services.clone(), self.conditions.clone());
                 in_flight.spawn(async move {
-                    run_delivery(&services, &conditions, message).await;
+                    prefetched
+                        .scope(run_delivery(&services, &conditions, message))
+                        .await;
                     drop(permit);
                 });
             }
@@ -218,6 +238,18 @@ impl Runtime {
                 Err(e) => self.failing(Component::AgeCheck, &e),
             }
             pause(&mut shutdown, AGE_CHECK_INTERVAL).await;
+        }
+    }
+}
+
+/// Wait until [`RECEIVE_AT_LEAST`] worker slots are free, attempts under way end, or
+/// [`GATHER_WINDOW`] has passed, whichever comes first.
+async fn gather_free_slots(slots: &Semaphore, in_flight: &mut JoinSet<()>) {
+    let deadline = tokio::time::Instant::now() + GATHER_WINDOW;
+    while slots.available_permits() < RECEIVE_AT_LEAST {
+        tokio::select! {
+            ended = in_flight.join_next() => if ended.is_none() { return },
+            _ = tokio::time::sleep_until(deadline) => return,
         }
     }
 }

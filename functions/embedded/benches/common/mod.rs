@@ -78,3 +78,22 @@ pub async fn bare_client(url: &str, count: usize, concurrency: usize) -> f64 {
     }
     count as f64 / started.elapsed().as_secs_f64()
 }
+
+/// CPU time (user + system) process `pid` has used so far, in seconds: a figure the
+/// machine's noise moves much less than throughput, as other load on the machine slows
+/// the process without adding to its CPU time.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces; the fields after it are numbers.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15, counted from 1 with the name as field 2.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / ticks_per_second.max(1.0)
+}

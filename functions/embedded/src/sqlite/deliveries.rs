@@ -51,7 +51,7 @@ impl AttemptRow {
     }
 }
 
-fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
+pub(super) fn read_delivery(conn: &Connection, id: &str) -> Result<Option<Delivery>, DbError> {
     json_row(conn, "SELECT json FROM deliveries WHERE id = ?1", [id])
 }
 
@@ -180,6 +180,9 @@ impl DeliveryStore for SqliteStore {
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        if let Some(delivery) = super::prefetch::take_delivery(id) {
+            return Ok(Some(delivery));
+        }
         let id = id.to_string();
         self.db.get(move |conn| read_delivery(conn, &id)).await
     }

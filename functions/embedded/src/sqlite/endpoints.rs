@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
 use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
-use rusqlite::{params, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{DbError, SqliteStore};
 
@@ -18,6 +18,15 @@ fn config_json(e: &Endpoint) -> String {
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<(String, i64, String, i64)> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+}
+
+/// The endpoint `id`, if there is one.
+pub(super) fn read_endpoint(conn: &Connection, id: &str) -> Result<Option<Endpoint>, DbError> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()?
+        .map(decode)
+        .transpose()
 }
 
 fn decode(
@@ -109,16 +118,11 @@ impl EndpointStore for SqliteStore {
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
+        if let Some(endpoint) = super::prefetch::take_endpoint(id) {
+            return Ok(Some(endpoint));
+        }
         let id = id.to_string();
-        self.db
-            .get(move |conn| {
-                conn.prepare_cached(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = ?1"))?
-                    .query_row([id], from_row)
-                    .optional()?
-                    .map(decode)
-                    .transpose()
-            })
-            .await
+        self.db.get(move |conn| read_endpoint(conn, &id)).await
     }
 
     async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<Endpoint> {

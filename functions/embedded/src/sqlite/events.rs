@@ -1,11 +1,24 @@
 //! The outbox in SQLite, and the embedded trigger's reading position in it.
 
-use super::{json_row, SqliteStore};
+use super::{json_row, DbError, SqliteStore};
 use async_trait::async_trait;
 use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::{EventStore, OutboxPage, Published, StoreError, StoreResult};
-use rusqlite::params;
+use rusqlite::{params, Connection};
+
+/// The event `id` of `tenant`, if there is one.
+pub(super) fn read_event(
+    conn: &Connection,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<Event>, DbError> {
+    json_row(
+        conn,
+        "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
+        [tenant, id],
+    )
+}
 
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
 /// interleaved with everyone else's instead of ahead of it.
@@ -59,15 +72,12 @@ impl EventStore for SqliteStore {
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
+        if let Some(event) = super::prefetch::take_event(tenant, id) {
+            return Ok(Some(event));
+        }
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.db
-            .get(move |conn| {
-                json_row(
-                    conn,
-                    "SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2",
-                    [tenant, id],
-                )
-            })
+            .get(move |conn| read_event(conn, &tenant, &id))
             .await
     }
 

@@ -11,6 +11,7 @@ mod endpoints;
 mod events;
 mod failures;
 mod lanes;
+pub mod prefetch;
 pub mod queue;
 mod schema;
 mod tenants;
