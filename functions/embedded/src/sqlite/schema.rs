@@ -2,14 +2,16 @@
 //! serde form) beside the columns that queries filter and sort on.
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Bring a database written by an earlier version up to [`SCHEMA_VERSION`], in one
 /// transaction, before [`SCHEMA`] runs. Version 1 (unversioned, `user_version` 0) had
 /// one global event-id namespace and endpoints without versions; version 2 found a
 /// delivery's due time in its JSON (an expression index that parsed the record on
 /// every write), kept attempts in a table with three indexes, and two indexes on the
-/// queue that nothing reads any more.
+/// queue that nothing reads any more. Version 3 indexed an endpoint's deliveries by
+/// state, an entry that moved with every change of state (twice an attempt); [`SCHEMA`]
+/// drops that index itself.
 pub fn migrate(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let has_table = |name: &str| -> rusqlite::Result<bool> {
@@ -135,7 +137,15 @@ CREATE TABLE IF NOT EXISTS deliveries (
     due_at TEXT
 );
 CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, id);
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries (endpoint_id, state, id);
+-- An endpoint's deliveries, newest first (the log filtered by endpoint, and by status
+-- as it is read). Not keyed by state: that entry moved with every change of a
+-- delivery's state, twice an attempt.
+DROP INDEX IF EXISTS deliveries_by_endpoint;
+CREATE INDEX IF NOT EXISTS deliveries_of_endpoint ON deliveries (endpoint_id, id);
+-- An endpoint's paused deliveries, for the resume after it is enabled again: written
+-- only by a pause and by its resume.
+CREATE INDEX IF NOT EXISTS deliveries_paused ON deliveries (endpoint_id, id)
+    WHERE state = 'paused';
 -- One delivery per event and endpoint, whatever its id (ids were derived otherwise
 -- by earlier builds): also an event's deliveries, by its first two columns.
 DROP INDEX IF EXISTS deliveries_by_tenant_event;

@@ -174,3 +174,65 @@ async fn a_schema_2_database_keeps_its_deliveries_attempts_and_due_times() {
         .unwrap()
         .is_empty());
 }
+
+/// Schema 3's endpoint index keyed by state is replaced: the endpoint's log and its
+/// paused deliveries each have an index that a change of state does not move (but for
+/// a pause and its resume), and the resume's page reads only the paused ones.
+#[tokio::test]
+async fn a_schema_3_database_loses_its_index_by_state() {
+    let dir = entrega_testkit::TempDir::new("schema-3");
+    let path = dir.0.join("old.db");
+    let paused = delivery(DeliveryState::Paused, 1);
+    {
+        let db = SqliteDb::open(&path).unwrap();
+        let store = SqliteStore::new(db.clone(), Arc::new(SystemClock));
+        store.create_delivery_if_absent(&paused).await.unwrap();
+        db.call(|conn| {
+            conn.execute_batch(
+                "DROP INDEX deliveries_of_endpoint;
+                 DROP INDEX deliveries_paused;
+                 CREATE INDEX deliveries_by_endpoint ON deliveries (endpoint_id, state, id);
+                 PRAGMA user_version = 3;",
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+
+    let db = SqliteDb::open(&path).unwrap();
+    let store = SqliteStore::new(db.clone(), Arc::new(SystemClock));
+    let page = store
+        .paused_deliveries(&paused.endpoint_id, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.data.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        [&paused.id]
+    );
+    let (version, indexes, plan): (i64, String, String) = db
+        .call(|conn| {
+            Ok((
+                conn.pragma_query_value(None, "user_version", |r| r.get(0))?,
+                conn.query_row(
+                    "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master
+                     WHERE name IN ('deliveries_by_endpoint', 'deliveries_of_endpoint',
+                                    'deliveries_paused')
+                     ORDER BY name)",
+                    [],
+                    |r| r.get(0),
+                )?,
+                conn.query_row(
+                    "EXPLAIN QUERY PLAN SELECT json FROM deliveries
+                     WHERE endpoint_id = 'e' AND state = 'paused' AND id > '' ORDER BY id LIMIT 5",
+                    [],
+                    |r| r.get(3),
+                )?,
+            ))
+        })
+        .await
+        .unwrap();
+    assert_eq!(version, super::SCHEMA_VERSION);
+    assert_eq!(indexes, "deliveries_of_endpoint,deliveries_paused");
+    assert!(plan.contains("deliveries_paused"), "the resume reads: {plan}");
+}
