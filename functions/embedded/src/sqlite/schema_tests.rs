@@ -234,5 +234,8 @@ async fn a_schema_3_database_loses_its_index_by_state() {
         .unwrap();
     assert_eq!(version, super::SCHEMA_VERSION);
     assert_eq!(indexes, "deliveries_of_endpoint,deliveries_paused");
-    assert!(plan.contains("deliveries_paused"), "the resume reads: {plan}");
+    assert!(
+        plan.contains("deliveries_paused"),
+        "the resume reads: {plan}"
+    );
 }
