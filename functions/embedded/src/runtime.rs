@@ -34,13 +34,13 @@ pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);
 /// Longest wait between polls when nothing signalled work (delayed retries coming
 /// due, and a missed wake-up, are picked up this late at worst).
 pub const IDLE_POLL: Duration = Duration::from_millis(50);
-/// Under load, a receive waits for this many free slots (or [`GATHER_WINDOW`]), so
-/// that one receive, and one read of what its messages need, serves several messages
-/// instead of one each time an attempt ends.
+/// While the queue holds more than a receive takes, a receive waits for this many free
+/// slots (or [`GATHER_WINDOW`]), so that one receive, and one read of what its
+/// messages need, serves several messages instead of one each time an attempt ends.
 pub const RECEIVE_AT_LEAST: usize = 16;
-/// The longest a receive waits to gather [`RECEIVE_AT_LEAST`] free slots: attempts end
-/// thousands of times a second under load, so this is reached only when they are slow
-/// (then waiting longer would hold up the messages of other endpoints).
+const _: () = assert!(RECEIVE_AT_LEAST <= WORKER_SLOTS);
+/// The longest a receive waits to gather [`RECEIVE_AT_LEAST`] free slots: under load
+/// attempts end thousands of times a second, so it is reached only when they are slow.
 pub const GATHER_WINDOW: Duration = Duration::from_millis(1);
 /// Outbox events fanned out per poll.
 const OUTBOX_BATCH: usize = 100;
@@ -120,6 +120,10 @@ impl Runtime {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
         let mut in_flight = JoinSet::new();
         let mut backoff = LoopBackoff::default();
+        // Whether the last receive got all it asked for: only then is there a backlog
+        // worth gathering slots for. (Not otherwise: when slow attempts hold most slots
+        // and other tenants' messages trickle in, each would wait the window.)
+        let mut backlog = false;
         while !*shutdown.borrow() {
             while in_flight.try_join_next().is_some() {}
             let free = slots.available_permits();
@@ -130,7 +134,7 @@ impl Runtime {
                 }
                 continue;
             }
-            if free < RECEIVE_AT_LEAST {
+            if backlog && free < RECEIVE_AT_LEAST {
                 gather_free_slots(&slots, &mut in_flight).await;
             }
             let free = slots.available_permits();
@@ -142,6 +146,7 @@ impl Runtime {
             {
                 Ok(messages) => {
                     backoff.reset();
+                    backlog = messages.len() == free;
                     messages
                 }
                 Err(e) => {

@@ -7,14 +7,16 @@
 //! worker's time. One read transaction for a batch reads each endpoint once however
 //! many of its messages the batch holds.
 //!
-//! Why this is not a cache that could go stale: a prefetched record lives in the
-//! task-local scope of the one task that handles its message ([`Prefetched::scope`]),
-//! and answers only that task's *first* read of that record; every later read goes to
-//! the database, and nothing outlives the task. So a prefetched record is the read the
-//! handler would have made a moment later, and the handler already copes with a record
-//! changing right after it was read: every write it makes is conditional on the
-//! version it read (a delivery), or the record is immutable (an event), or a change
-//! racing the attempt is within what an attempt already started may do (an endpoint).
+//! Why this is not a cache: a prefetched record lives in the task-local scope of the
+//! one task that handles its message ([`Prefetched::scope`]), and answers only that
+//! task's *first* read of that record; every later read goes to the database, and
+//! nothing outlives the task. So a prefetched record is the read the handler makes
+//! first, made a few milliseconds earlier (the rest of the batch read, and the spawn),
+//! and the handler already copes with a record changing right after it read it: the
+//! delivery's writes are conditional on the version read (at most once, the durable
+//! "about to send" write lands before the request, or there is no request); an event
+//! never changes; an endpoint changed while an attempt starts (disabled, its URL or
+//! secret) is the race every attempt already has, a moment wider.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -93,15 +95,22 @@ impl SqliteStore {
             .map(|t| t.as_ref().map(|t| t.delivery_id.to_string()))
             .collect();
         let count = ids.len();
+        // On the blocking pool, not the calling thread: a batch may hold 64 events of up
+        // to 256 KiB each to decode.
         let read = self
             .db
-            .get(move |conn| {
+            .read(move |conn| {
                 // One snapshot for the batch: without it each statement would be a
                 // read transaction of its own, each finding the log changed.
                 conn.execute_batch("BEGIN")?;
                 let records = read_batch(conn, &ids);
-                // Ended whatever came of the reads: the connection goes back to the pool.
+                // Ended whatever came of the reads: the connection goes back to the
+                // pool, and one left in a transaction would read that snapshot forever
+                // (and hold back every checkpoint).
                 let ended = conn.execute_batch("COMMIT");
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
                 let records = records?;
                 ended?;
                 Ok(records)
@@ -110,7 +119,7 @@ impl SqliteStore {
         match read {
             Ok(records) => records,
             Err(e) => {
-                tracing::debug!(error = %e, "prefetching a batch failed; each handler reads for itself");
+                tracing::warn!(error = %e, "prefetching a batch failed; each handler reads for itself");
                 (0..count).map(|_| Prefetched::default()).collect()
             }
         }

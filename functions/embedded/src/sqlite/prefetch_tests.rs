@@ -35,21 +35,36 @@ async fn a_prefetched_record_answers_its_tasks_first_read_only() {
 
     let mut batch = store.prefetch(&[Some(task), None]).await;
     assert_eq!(batch.len(), 2, "one per message, in order");
-    let prefetched = batch.remove(0);
-    // Changed after the prefetch: the task's first read sees the prefetched version,
-    // its next read (and any read outside the task) the stored one.
+    let (prefetched, nothing) = (batch.remove(0), batch.remove(0));
+    // Each record changed (the event removed) after the prefetch: the task's first read
+    // of each sees what was prefetched; its next read, and any read outside the task,
+    // what is stored.
     let changed = services.store.save_delivery(&read, &[]).await.unwrap();
+    let changed_endpoint = services.store.update_endpoint(&endpoint).await.unwrap();
+    assert_ne!(changed_endpoint.version, endpoint.version);
+    let (tenant, id) = (event.tenant_id.to_string(), event.id.to_string());
+    store
+        .db()
+        .call(move |conn| {
+            conn.execute(
+                "DELETE FROM outbox WHERE tenant_id = ?1 AND id = ?2",
+                [&tenant, &id],
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let reads = &services.store;
     let seen = prefetched
         .scope(async {
-            let first = services.store.get_delivery(&read.id).await.unwrap();
-            let second = services.store.get_delivery(&read.id).await.unwrap();
-            let endpoint = services.store.get_endpoint(&endpoint.id).await.unwrap();
-            let stored_event = services
-                .store
-                .get_event(&event.tenant_id, &event.id)
-                .await
-                .unwrap();
-            (first, second, endpoint, stored_event)
+            (
+                reads.get_delivery(&read.id).await.unwrap(),
+                reads.get_delivery(&read.id).await.unwrap(),
+                reads.get_endpoint(&endpoint.id).await.unwrap(),
+                reads.get_endpoint(&endpoint.id).await.unwrap(),
+                reads.get_event(&event.tenant_id, &event.id).await.unwrap(),
+                reads.get_event(&event.tenant_id, &event.id).await.unwrap(),
+            )
         })
         .await;
     assert_eq!(seen.0.map(|d| d.version), Some(read.version), "prefetched");
@@ -58,14 +73,24 @@ async fn a_prefetched_record_answers_its_tasks_first_read_only() {
         Some(changed.version),
         "read anew"
     );
-    assert_eq!(seen.2.map(|e| e.id), Some(endpoint.id.clone()));
-    assert_eq!(seen.3.map(|e| e.payload), Some(event.payload.clone()));
-    let outside = services.store.get_delivery(&read.id).await.unwrap();
+    assert_eq!(seen.2.map(|e| e.version), Some(endpoint.version));
+    assert_eq!(seen.3.map(|e| e.version), Some(changed_endpoint.version));
+    assert_eq!(seen.4.map(|e| e.payload), Some(event.payload.clone()));
+    assert!(seen.5.is_none(), "the event is gone from the store");
+    let outside = reads.get_delivery(&read.id).await.unwrap();
     assert_eq!(outside.map(|d| d.version), Some(changed.version));
+    let unknown = nothing
+        .scope(async { reads.get_delivery(&read.id).await.unwrap() })
+        .await;
+    assert_eq!(
+        unknown.map(|d| d.version),
+        Some(changed.version),
+        "a message that is no delivery task has nothing prefetched"
+    );
 }
 
 #[tokio::test]
-async fn a_record_not_prefetched_is_read_from_the_store() {
+async fn a_read_of_another_record_leaves_the_prefetched_one() {
     let dir = entrega_testkit::TempDir::new("prefetch-other-record");
     let (services, store) = services(&dir).await;
     let (_, event) =
@@ -82,14 +107,20 @@ async fn a_record_not_prefetched_is_read_from_the_store() {
         .await
         .pop()
         .unwrap();
+    let changed = services.store.save_delivery(&first, &[]).await.unwrap();
+    let reads = &services.store;
     let seen = prefetched
         .scope(async {
-            // Another delivery's read leaves the prefetched one for its own read.
-            let other = services.store.get_delivery(&second.id).await.unwrap();
-            let own = services.store.get_delivery(&first.id).await.unwrap();
+            let other = reads.get_delivery(&second.id).await.unwrap();
+            let own = reads.get_delivery(&first.id).await.unwrap();
             (other, own)
         })
         .await;
     assert_eq!(seen.0.map(|d| d.id), Some(second.id));
-    assert_eq!(seen.1.map(|d| d.id), Some(first.id));
+    assert_eq!(
+        seen.1.map(|d| d.version),
+        Some(first.version),
+        "still the prefetched one, not the stored {}",
+        changed.version
+    );
 }

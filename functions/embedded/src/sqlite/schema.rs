@@ -143,7 +143,8 @@ CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, id);
 DROP INDEX IF EXISTS deliveries_by_endpoint;
 CREATE INDEX IF NOT EXISTS deliveries_of_endpoint ON deliveries (endpoint_id, id);
 -- An endpoint's paused deliveries, for the resume after it is enabled again: written
--- only by a pause and by its resume.
+-- only when a delivery enters the paused state (created for a disabled endpoint, or
+-- paused) or leaves it (resumed, or failed with its deleted endpoint).
 CREATE INDEX IF NOT EXISTS deliveries_paused ON deliveries (endpoint_id, id)
     WHERE state = 'paused';
 -- One delivery per event and endpoint, whatever its id (ids were derived otherwise
