@@ -34,6 +34,9 @@ use super::endpoints::read_endpoint;
 use super::events::read_event;
 use super::{DbError, SqliteStore};
 
+/// Batches of at most this many messages are read on the calling thread.
+const PREFETCH_HERE_AT_MOST: usize = 4;
+
 tokio::task_local! {
     static PREFETCHED: Prefetched;
 }
@@ -95,27 +98,30 @@ impl SqliteStore {
             .map(|t| t.as_ref().map(|t| t.delivery_id.to_string()))
             .collect();
         let count = ids.len();
-        // On the blocking pool, not the calling thread: a batch may hold 64 events of up
-        // to 256 KiB each to decode.
-        let read = self
-            .db
-            .read(move |conn| {
-                // One snapshot for the batch: without it each statement would be a
-                // read transaction of its own, each finding the log changed.
-                conn.execute_batch("BEGIN")?;
-                let records = read_batch(conn, &ids);
-                // Ended whatever came of the reads: the connection goes back to the
-                // pool, and one left in a transaction would read that snapshot forever
-                // (and hold back every checkpoint).
-                let ended = conn.execute_batch("COMMIT");
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                let records = records?;
-                ended?;
-                Ok(records)
-            })
-            .await;
+        let read_all = move |conn: &Connection| {
+            // One snapshot for the batch: without it each statement would be a read
+            // transaction of its own, each finding the log changed.
+            conn.execute_batch("BEGIN")?;
+            let records = read_batch(conn, &ids);
+            // Ended whatever came of the reads: the connection goes back to the pool,
+            // and one left in a transaction would read that snapshot forever (and hold
+            // back every checkpoint).
+            let ended = conn.execute_batch("COMMIT");
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            let records = records?;
+            ended?;
+            Ok(records)
+        };
+        // A few messages' records are read on the calling thread, at once (at low load
+        // a hop to another thread and back is most of the wait); a larger batch on the
+        // blocking pool, as it may hold 64 events of up to 256 KiB each to decode.
+        let read = if count <= PREFETCH_HERE_AT_MOST {
+            self.db.get(read_all).await
+        } else {
+            self.db.read(read_all).await
+        };
         match read {
             Ok(records) => records,
             Err(e) => {
