@@ -17,7 +17,7 @@ use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::writer::{write_loop, Detached, Job, WriteJob};
+use super::writer::{write_loop, Detached, Job, Work, WriteJob};
 use super::{schema, DbError};
 
 /// How long a statement waits for a lock held by another connection (an operator's
@@ -286,8 +286,7 @@ impl SqliteDb {
     {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn WriteJob> = Box::new(Job {
-            work: f,
-            result: None,
+            work: Work::new(f),
             reply,
             durable,
         });
@@ -318,8 +317,7 @@ impl SqliteDb {
     {
         let job: Box<dyn WriteJob> = Box::new(Detached {
             what,
-            work,
-            result: None,
+            work: Work::new(work),
             committed,
         });
         if let Err(mpsc::error::TrySendError::Full(job)) = self.writes.try_send(job) {

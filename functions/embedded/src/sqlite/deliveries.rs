@@ -131,6 +131,17 @@ impl DeliveryWrite {
     }
 }
 
+/// `saved` if its write landed; a conflict if the delivery had changed meanwhile.
+fn landed_or_conflict(landed: bool, saved: Delivery) -> StoreResult<Delivery> {
+    if landed {
+        return Ok(saved);
+    }
+    Err(StoreError::Conflict(format!(
+        "delivery {} changed meanwhile",
+        saved.id
+    )))
+}
+
 #[async_trait]
 impl DeliveryStore for SqliteStore {
     async fn create_delivery_if_absent(
@@ -193,14 +204,8 @@ impl DeliveryStore for SqliteStore {
         attempts: &[Attempt],
     ) -> StoreResult<Delivery> {
         let (next, write) = DeliveryWrite::of(delivery, attempts)?;
-        if self.db.call(move |conn| write.run(conn)).await? {
-            Ok(next)
-        } else {
-            Err(StoreError::Conflict(format!(
-                "delivery {} changed meanwhile",
-                delivery.id
-            )))
-        }
+        let landed = self.db.call(move |conn| write.run(conn)).await?;
+        landed_or_conflict(landed, next)
     }
 
     /// One writer commits in order: the caller's outcome write lands after this one.
@@ -214,17 +219,10 @@ impl DeliveryStore for SqliteStore {
             return Ok(written(saved));
         }
         let (next, write) = DeliveryWrite::of(delivery, attempts)?;
-        let id = delivery.id.clone();
         let landed = self.db.call_ahead(move |conn| write.run(conn)).await?;
-        Ok(Box::pin(async move {
-            if landed.await? {
-                Ok(next)
-            } else {
-                Err(StoreError::Conflict(format!(
-                    "delivery {id} changed meanwhile"
-                )))
-            }
-        }))
+        Ok(Box::pin(
+            async move { landed_or_conflict(landed.await?, next) },
+        ))
     }
 
     async fn list_attempts(&self, id: &DeliveryId) -> StoreResult<Vec<Attempt>> {

@@ -51,11 +51,9 @@ impl EventStore for SqliteStore {
                 if inserted == 1 {
                     return Ok(Some(Published::Created));
                 }
-                let existing: String = conn.prepare_cached("SELECT json FROM outbox WHERE tenant_id = ?1 AND id = ?2")?.query_row(
-                    [&tenant, &id],
-                    |r| r.get(0),
-                )?;
-                Ok(Some(Published::Existing(serde_json::from_str(&existing)?)))
+                let existing = read_event(conn, &tenant, &id)?
+                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                Ok(Some(Published::Existing(existing)))
             })
             .await?
             .ok_or_else(|| {

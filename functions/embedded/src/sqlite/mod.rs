@@ -35,8 +35,6 @@ pub enum DbError {
     Sql(rusqlite::Error),
     Json(serde_json::Error),
     Conflict(String),
-    /// The store refuses to grow (a size limit): retry later.
-    Full(String),
 }
 
 impl From<rusqlite::Error> for DbError {
@@ -57,7 +55,6 @@ impl From<DbError> for StoreError {
             DbError::Sql(e) => StoreError::Backend(format!("sqlite: {e}")),
             DbError::Json(e) => StoreError::Backend(format!("stored record unreadable: {e}")),
             DbError::Conflict(what) => StoreError::Conflict(what),
-            DbError::Full(why) => StoreError::Backend(why),
         }
     }
 }

@@ -58,9 +58,32 @@ impl Isolation {
     }
 }
 
+/// A caller's work and what its last run gave (it may run twice; see
+/// [`commit_group`]).
+pub(super) struct Work<T, F> {
+    work: F,
+    result: Option<Result<T, DbError>>,
+}
+
+impl<T, F> Work<T, F>
+where
+    F: FnMut(&mut Connection) -> Result<T, DbError>,
+{
+    pub fn new(work: F) -> Self {
+        Self { work, result: None }
+    }
+
+    /// Run it, kept apart as `isolation` says; whether it succeeded.
+    fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool {
+        let result = isolation.run(conn, &mut self.work);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+}
+
 pub(super) struct Job<T, F> {
-    pub work: F,
-    pub result: Option<Result<T, DbError>>,
+    pub work: Work<T, F>,
     pub reply: oneshot::Sender<Result<T, DbError>>,
     pub durable: bool,
 }
@@ -71,16 +94,16 @@ where
     F: FnMut(&mut Connection) -> Result<T, DbError> + Send,
 {
     fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool {
-        let result = isolation.run(conn, &mut self.work);
-        let ok = result.is_ok();
-        self.result = Some(result);
-        ok
+        self.work.run(conn, isolation)
     }
 
     fn finish(self: Box<Self>, committed: Result<(), String>) {
-        let result = match (committed, self.result) {
+        let result = match (committed, self.work.result) {
             (Ok(()), Some(result)) => result,
-            (Ok(()), None) => Err(DbError::Full("write was not run".into())),
+            (Ok(()), None) => Err(DbError::Sql(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERNAL),
+                Some("the write was not run".into()),
+            ))),
             (Err(why), _) => Err(DbError::Sql(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
                 Some(format!("commit failed: {why}")),
@@ -99,8 +122,7 @@ where
 /// A write nobody waits for (see [`SqliteDb::call_detached`]).
 pub(super) struct Detached<T, F, G> {
     pub what: &'static str,
-    pub work: F,
-    pub result: Option<Result<T, DbError>>,
+    pub work: Work<T, F>,
     pub committed: G,
 }
 
@@ -111,14 +133,11 @@ where
     G: FnOnce(T) + Send,
 {
     fn run(&mut self, conn: &mut Connection, isolation: Isolation) -> bool {
-        let result = isolation.run(conn, &mut self.work);
-        let ok = result.is_ok();
-        self.result = Some(result);
-        ok
+        self.work.run(conn, isolation)
     }
 
     fn finish(self: Box<Self>, committed: Result<(), String>) {
-        match (committed, self.result) {
+        match (committed, self.work.result) {
             (Ok(()), Some(Ok(value))) => (self.committed)(value),
             (Ok(()), Some(Err(e))) => {
                 tracing::debug!(error = ?e, what = self.what, "a detached write failed; it is redone later")
