@@ -6,7 +6,7 @@ use std::time::Duration;
 use entrega_core::conditions::Conditions;
 use entrega_core::ports::{ManualClock, SystemClock};
 use entrega_http::api::AfterPublish;
-use entrega_http::transport::{HttpTransport, TargetPolicy};
+use entrega_http::transport::TargetPolicy;
 use tokio::sync::Semaphore;
 
 use super::*;
@@ -16,15 +16,7 @@ async fn open(
     dir: &entrega_testkit::TempDir,
     clock: Arc<dyn entrega_core::ports::Clock>,
 ) -> (Services, crate::sqlite::backlog::EmbeddedBacklog) {
-    let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
-    crate::serve::open_sqlite_parts(
-        &dir.0.join("f.db"),
-        crate::sqlite::Durability::Full,
-        clock,
-        transport,
-    )
-    .await
-    .unwrap()
+    crate::test_support::sqlite_services(dir, clock, TargetPolicy::default()).await
 }
 
 /// A publish that finds every slot taken leaves its event to the outbox poller; one

@@ -39,6 +39,15 @@ async fn normal_durability_never_syncs_a_commit() {
     assert_eq!(replayable(sync_seen(&db)).await, 1);
 }
 
+/// A database in `dir` with a table `t` of integer keys.
+async fn with_table_t(dir: &entrega_testkit::TempDir) -> SqliteDb {
+    let db = SqliteDb::open(&dir.0.join("t.db")).unwrap();
+    db.call(|conn| Ok(conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")?))
+        .await
+        .unwrap();
+    db
+}
+
 /// The keys in table `t`, in order.
 async fn keys(db: &SqliteDb) -> Vec<i64> {
     db.call(|conn| {
@@ -59,10 +68,7 @@ async fn keys(db: &SqliteDb) -> Vec<i64> {
 async fn a_failing_write_is_rolled_back_alone_and_the_rest_commit_once() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let dir = entrega_testkit::TempDir::new("db-group");
-    let db = SqliteDb::open(&dir.0.join("g.db")).unwrap();
-    db.call(|conn| Ok(conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")?))
-        .await
-        .unwrap();
+    let db = with_table_t(&dir).await;
     // Hold the writer, so that the writes below queue up and go in one group.
     let hold = {
         let db = db.clone();
@@ -125,10 +131,7 @@ async fn a_failing_write_is_rolled_back_alone_and_the_rest_commit_once() {
 #[tokio::test]
 async fn a_write_queued_ahead_lands_before_the_next() {
     let dir = entrega_testkit::TempDir::new("db-ahead");
-    let db = SqliteDb::open(&dir.0.join("a.db")).unwrap();
-    db.call(|conn| Ok(conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")?))
-        .await
-        .unwrap();
+    let db = with_table_t(&dir).await;
     for k in 0..50_i64 {
         let landed = db
             .call_ahead(move |conn| Ok(conn.execute("INSERT INTO t VALUES (?1)", [k])?))

@@ -54,23 +54,17 @@ async fn one_delivery_per_event_and_endpoint_whatever_its_id() {
 #[tokio::test]
 async fn an_outcome_never_lands_on_a_resend_its_lease_lost_to() {
     use entrega_core::handlers::{fanout::fan_out, worker::handle_delivery};
-    use entrega_http::transport::{HttpTransport, TargetPolicy};
+    use entrega_http::transport::TargetPolicy;
     use std::time::Duration;
 
     let dir = entrega_testkit::TempDir::new("deliveries-lease-lost");
     let receiver = entrega_testkit::Receiver::answering(200).await;
-    let transport = Arc::new(HttpTransport::new(TargetPolicy {
+    let loopback = TargetPolicy {
         allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
         allow_http: true,
-    }));
-    let (services, parts) = crate::serve::open_sqlite_parts(
-        &dir.0.join("d.db"),
-        crate::sqlite::Durability::Full,
-        Arc::new(SystemClock),
-        transport,
-    )
-    .await
-    .unwrap();
+    };
+    let (services, parts) =
+        crate::test_support::sqlite_services(&dir, Arc::new(SystemClock), loopback).await;
     let (_, event) =
         crate::test_support::tenant_with_endpoint(&services, &receiver.url("/hook")).await;
     let event = event();

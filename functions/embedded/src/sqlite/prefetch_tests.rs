@@ -4,20 +4,14 @@ use std::sync::Arc;
 
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::ports::{Services, SystemClock};
-use entrega_http::transport::{HttpTransport, TargetPolicy};
+use entrega_http::transport::TargetPolicy;
 
 use super::*;
 
 async fn services(dir: &entrega_testkit::TempDir) -> (Services, SqliteStore) {
-    let transport = Arc::new(HttpTransport::new(TargetPolicy::default()));
-    let (services, parts) = crate::serve::open_sqlite_parts(
-        &dir.0.join("p.db"),
-        crate::sqlite::Durability::Full,
-        Arc::new(SystemClock),
-        transport,
-    )
-    .await
-    .unwrap();
+    let (services, parts) =
+        crate::test_support::sqlite_services(dir, Arc::new(SystemClock), TargetPolicy::default())
+            .await;
     (services, parts.store)
 }
 
