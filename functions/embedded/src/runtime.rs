@@ -28,6 +28,12 @@ use crate::sqlite::SqliteStore;
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
 /// endpoint to a fraction of this, which is what protects the other tenants.
 pub const WORKER_SLOTS: usize = 64;
+/// Worker slots no one tenant may take: however many of its endpoints hang, and
+/// whatever their caps add up to, other tenants' attempts start at once.
+pub const SLOTS_KEPT_FOR_OTHER_TENANTS: usize = 16;
+/// Most attempts one tenant may have in flight.
+pub const TENANT_SLOTS: usize = WORKER_SLOTS - SLOTS_KEPT_FOR_OTHER_TENANTS;
+const _: () = assert!(SLOTS_KEPT_FOR_OTHER_TENANTS < WORKER_SLOTS);
 /// How long a received delivery message stays hidden: longer than the longest
 /// attempt (30 s timeout + lease margin), so no second worker picks it up meanwhile.
 pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);

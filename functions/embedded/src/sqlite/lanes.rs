@@ -9,6 +9,11 @@
 //! saturated: a receive costs time proportional to what it hands out, not to the
 //! queue. That is what keeps a tenant's fast endpoint fast beside its slow one.
 //!
+//! A group may also be held to a number in flight across all its lanes
+//! ([`Scheduler::limit_each_group`]): the worker's slots are shared, and without it
+//! one tenant whose endpoints all hang (or one endpoint with a cap as large as the
+//! worker) would hold every slot until its attempts time out.
+//!
 //! The scheduler holds no bodies and does no I/O; the SQLite queue persists every
 //! message and rebuilds this at start-up (only one process may open the database, so
 //! memory and file cannot disagree across processes).
@@ -54,6 +59,8 @@ struct Group {
     rotation: VecDeque<LaneId>,
     in_rotation: bool,
     len: u64,
+    /// Messages of the group's lanes in flight.
+    in_flight: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,6 +91,8 @@ pub struct Scheduler {
     timers: BinaryHeap<Reverse<(Millis, Timer)>>,
     next_id: u64,
     next_receipt: u64,
+    /// Most messages one group may have in flight.
+    group_limit: u32,
 }
 
 impl Scheduler {
@@ -100,7 +109,14 @@ impl Scheduler {
             timers: BinaryHeap::new(),
             next_id: 1,
             next_receipt: receipt_seed | 1,
+            group_limit: u32::MAX,
         }
+    }
+
+    /// Hold each group to `limit` messages in flight (at least one), whatever its
+    /// lanes' caps add up to.
+    pub fn limit_each_group(&mut self, limit: u32) {
+        self.group_limit = limit.max(1);
     }
 
     /// Messages held, in any state.
@@ -178,6 +194,11 @@ impl Scheduler {
                 continue;
             };
             group.in_rotation = false;
+            if group.in_flight >= self.group_limit {
+                // Parked with its lanes still in its rotation; a message settling
+                // puts it back (see `leave_flight`).
+                continue;
+            }
             let mut taken = None;
             while let Some(lane_id) = self
                 .groups
@@ -263,20 +284,40 @@ impl Scheduler {
         if message.receipt != receipt || receipt == 0 {
             return None;
         }
-        let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
+        let lane_id = message.lane;
         if message.in_flight {
             message.in_flight = false;
-            lane.in_flight -= 1;
+            self.leave_flight(lane_id);
         } else {
+            let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
             lane.ready.remove(&(message.visible_at, id));
         }
-        Some(message.lane)
+        Some(lane_id)
+    }
+
+    /// One of the lane's messages is no longer in flight. Its group, if that frees
+    /// it from its limit and it has runnable lanes waiting, goes back in rotation.
+    fn leave_flight(&mut self, lane_id: LaneId) {
+        let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
+        lane.in_flight -= 1;
+        let group_id = lane.group;
+        let group = self.groups.get_mut(&group_id).expect("a lane's group");
+        group.in_flight -= 1;
+        if !group.in_rotation && !group.rotation.is_empty() {
+            group.in_rotation = true;
+            self.rotation.push_back(group_id);
+        }
     }
 
     fn hand_out(&mut self, lane_id: LaneId, visible_until: Millis) -> Handout {
         let lane = self.lanes.get_mut(&lane_id).expect("runnable lane");
         let (_, id) = lane.ready.pop_first().expect("runnable lane has a head");
         lane.in_flight += 1;
+        let group_id = lane.group;
+        self.groups
+            .get_mut(&group_id)
+            .expect("a lane's group")
+            .in_flight += 1;
         self.next_receipt = self.next_receipt.wrapping_add(2);
         let receipt = self.next_receipt;
         let message = self.messages.get_mut(&id).expect("a lane's message");
@@ -348,8 +389,8 @@ impl Scheduler {
                     // Not settled in time: visible again, as SQS does.
                     message.in_flight = false;
                     let (lane_id, visible_at) = (message.lane, message.visible_at);
+                    self.leave_flight(lane_id);
                     let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
-                    lane.in_flight -= 1;
                     lane.ready.insert((visible_at, id));
                     self.activate(lane_id, now);
                 }
@@ -374,6 +415,7 @@ impl Scheduler {
                         rotation: VecDeque::new(),
                         in_rotation: false,
                         len: 0,
+                        in_flight: 0,
                     },
                 );
                 id

@@ -101,6 +101,11 @@ impl SqliteQueue {
         self.scheduler.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Hold each group (a tenant) to `limit` messages in flight at once.
+    pub fn limit_each_group(&self, limit: u32) {
+        self.scheduler().limit_each_group(limit);
+    }
+
     /// Messages in the queue, visible or not (for operators and tests).
     pub async fn depth(&self) -> StoreResult<u64> {
         Ok(self.scheduler().len() as u64)

@@ -1,8 +1,10 @@
 //! One slow customer never delays the others: an endpoint that hangs for its whole
-//! timeout, with 2 000 deliveries waiting, does not hold up another tenant.
+//! timeout, with 2 000 deliveries waiting, does not hold up another tenant; nor does
+//! one that hangs with a cap as large as the worker's slots.
 
 use std::time::{Duration, Instant};
 
+use entrega_embedded::runtime::TENANT_SLOTS;
 use serde_json::json;
 
 use crate::harness::*;
@@ -41,18 +43,7 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     )
     .await;
 
-    let mut worst = Duration::ZERO;
-    for n in 0..PROBES {
-        let sent = Instant::now();
-        fast_tenant.publish("probe", json!({"n": n})).await;
-        eventually(
-            Duration::from_secs(30),
-            "the other tenant's webhook",
-            || async { (fast.count() > n).then_some(()) },
-        )
-        .await;
-        worst = worst.max(sent.elapsed());
-    }
+    let worst = probe(&fast_tenant, &fast).await;
     println!(
         "with {BLOCKED_EVENTS} deliveries stuck behind a hanging endpoint, another tenant's worst publish→receive: {worst:?}"
     );
@@ -64,4 +55,59 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
         hanging.count() <= 8 * 3,
         "the cap held the hanging endpoint to 8 at a time"
     );
+}
+
+/// An endpoint's cap may be as large as the worker's slots, but one tenant never
+/// takes them all: the attempts hang for 30 s, and another tenant's still start at
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hanging_endpoint_with_the_largest_cap_leaves_slots_for_another_tenant() {
+    let dir = TempDir::new("fairness-cap");
+    let server = Server::start(&dir);
+    let (_, slow_tenant) = server.admin().tenant("Slow Inc").await;
+    let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
+    let hanging = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(120))).await;
+    let fast = Receiver::answering(200).await;
+    slow_tenant
+        .endpoint(json!({"url": hanging.url("/"), "timeout_ms": 30_000, "max_concurrency": 256}))
+        .await;
+    fast_tenant.endpoint(json!({"url": fast.url("/")})).await;
+    for i in 0..TENANT_SLOTS * 2 {
+        slow_tenant.publish("load.test", json!({"i": i})).await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the hanging endpoint took its tenant's share of the slots",
+        || async { (hanging.count() >= TENANT_SLOTS).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        hanging.count(),
+        TENANT_SLOTS,
+        "one tenant holds at most its share of the worker's slots"
+    );
+    let worst = probe(&fast_tenant, &fast).await;
+    assert!(
+        worst < Duration::from_secs(5),
+        "another tenant waited {worst:?} behind a hanging endpoint with cap 256"
+    );
+}
+
+/// Publish [`PROBES`] events one at a time to `fast`, each once the last arrived;
+/// the worst publish → receive.
+async fn probe(tenant: &Api, fast: &Receiver) -> Duration {
+    let mut worst = Duration::ZERO;
+    for n in 0..PROBES {
+        let sent = Instant::now();
+        tenant.publish("probe", json!({"n": n})).await;
+        eventually(
+            Duration::from_secs(30),
+            "the other tenant's webhook",
+            || async { (fast.count() > n).then_some(()) },
+        )
+        .await;
+        worst = worst.max(sent.elapsed());
+    }
+    worst
 }
