@@ -35,6 +35,11 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
             let fresh = Delivery::new(id, event, endpoint.id.clone(), endpoint.disabled, now);
             let (stored, created) = services.store.create_delivery_if_absent(&fresh).await?;
             count += 1;
+            if created && stored.state == DeliveryState::Paused {
+                // Created paused from a list that may be older than an enable.
+                super::resume::resume_if_enabled(services, &stored).await?;
+                continue;
+            }
             if created && stored.state == DeliveryState::Pending {
                 waiting += 1;
             }

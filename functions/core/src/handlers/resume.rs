@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::delivery::DeliveryState;
+use crate::delivery::{Delivery, DeliveryState};
 use crate::endpoint::Endpoint;
 use crate::ids::{EndpointId, TenantId};
 use crate::ports::{OutgoingMessage, Services, StoreError, StoreResult};
@@ -118,7 +118,38 @@ async fn resume_batch(
         .store
         .paused_deliveries(&endpoint.id, cursor, RESUME_BATCH)
         .await?;
-    let (paused, next) = (page.data, page.next_cursor);
+    let moved = unpause(services, endpoint, page.data).await?;
+    Ok((moved, page.next_cursor))
+}
+
+/// A delivery just paused because its endpoint read disabled: read the endpoint again
+/// and, if it is enabled by now, resume the delivery at once.
+///
+/// Why: the read that found the endpoint disabled may be older than an enable (the
+/// fan-out's endpoint list is eventually consistent on AWS, the worker's read may have
+/// been made with its batch), and that enable's resume may already have looked for
+/// paused deliveries before this one was paused. This read comes after the pause
+/// landed, so either it sees the enable, or the enable comes after it and its resume
+/// finds the delivery paused. Either way nothing stays paused behind an enabled
+/// endpoint (the closing pass is then only a second net).
+pub async fn resume_if_enabled(services: &Services, paused: &Delivery) -> StoreResult<()> {
+    let Some(endpoint) = services.store.get_endpoint(&paused.endpoint_id).await? else {
+        return Ok(());
+    };
+    if !endpoint.disabled {
+        tracing::debug!(delivery_id = %paused.id, "paused on a stale read; the endpoint is enabled: resumed");
+        unpause(services, &endpoint, vec![paused.clone()]).await?;
+    }
+    Ok(())
+}
+
+/// Move `paused` deliveries of `endpoint` back to pending and queue each; how many
+/// moved (a delivery changed meanwhile is no longer ours to move).
+async fn unpause(
+    services: &Services,
+    endpoint: &Endpoint,
+    paused: Vec<Delivery>,
+) -> StoreResult<usize> {
     // Mark pending first, then queue. The other order raced with a quick disable: the
     // worker took a message while its delivery still read paused, dropped it for the
     // disabled endpoint, and the resume then wrote "pending" — a pending delivery with
@@ -154,7 +185,7 @@ async fn resume_batch(
             .record(&endpoint.tenant_id, moved as i64)
             .await?;
     }
-    Ok((moved, next))
+    Ok(moved)
 }
 
 #[cfg(test)]

@@ -182,7 +182,10 @@ async fn screen(
     }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
-            save_unless_changed(services, delivery, &state_machine::pause(delivery, now)).await?;
+            let paused = state_machine::pause(delivery, now);
+            if let Some(paused) = save_unless_changed(services, delivery, &paused).await? {
+                super::resume::resume_if_enabled(services, &paused).await?;
+            }
         }
         return Ok(Some(Disposition::Done));
     }
@@ -444,15 +447,18 @@ async fn endpoint_deleted(services: &Services, delivery: &Delivery) -> StoreResu
 }
 
 /// Save `next` (read as `before`), a transition that records no attempt; a
-/// concurrent change wins and is left alone.
+/// concurrent change wins and is left alone (`None`).
 async fn save_unless_changed(
     services: &Services,
     before: &Delivery,
     next: &Delivery,
-) -> StoreResult<()> {
+) -> StoreResult<Option<Delivery>> {
     match services.store.save_delivery(next, &[]).await {
-        Ok(saved) => left_waiting(services, before.state, &saved).await,
-        Err(StoreError::Conflict(_)) => Ok(()),
+        Ok(saved) => {
+            left_waiting(services, before.state, &saved).await?;
+            Ok(Some(saved))
+        }
+        Err(StoreError::Conflict(_)) => Ok(None),
         Err(e) => Err(e),
     }
 }

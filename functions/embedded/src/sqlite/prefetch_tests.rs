@@ -118,3 +118,66 @@ async fn a_read_of_another_record_leaves_the_prefetched_one() {
         changed.version
     );
 }
+
+/// The worker's read of an endpoint may be made with its batch, a moment before an
+/// enable whose resume then finds nothing paused. The delivery the worker pauses on
+/// that read is resumed by the worker itself, which reads the endpoint again.
+#[tokio::test]
+async fn a_delivery_paused_on_a_stale_read_of_a_disabled_endpoint_is_resumed() {
+    use entrega_core::delivery::DeliveryState;
+    use entrega_core::handlers::worker::handle_delivery;
+    use std::time::Duration;
+
+    let dir = entrega_testkit::TempDir::new("prefetch-stale-disable");
+    let (services, store) = services(&dir).await;
+    let (endpoint, event) =
+        crate::test_support::tenant_with_endpoint(&services, "https://hooks.example.com/").await;
+    let event = event();
+    services.store.publish(&event).await.unwrap();
+    fan_out(&services, &event).await.unwrap();
+    let queue = &services.deliveries;
+    let first = queue.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let disabled = services
+        .store
+        .update_endpoint(&Endpoint {
+            disabled: true,
+            ..endpoint
+        })
+        .await
+        .unwrap();
+    let task: DeliveryTask = serde_json::from_str(&first[0].body).unwrap();
+    let prefetched = store.prefetch(&[Some(task.clone())]).await.pop().unwrap();
+    // Enabled after the batch was read (its resume would find nothing paused yet).
+    services
+        .store
+        .update_endpoint(&Endpoint {
+            disabled: false,
+            ..disabled
+        })
+        .await
+        .unwrap();
+
+    prefetched
+        .scope(handle_delivery(&services, &first[0].body, 1))
+        .await
+        .unwrap();
+
+    let delivery = services
+        .store
+        .get_delivery(&task.delivery_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(delivery.state, DeliveryState::Pending, "not left paused");
+    let again = queue.receive(10, Duration::from_secs(60)).await.unwrap();
+    let tasks: Vec<DeliveryTask> = again
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(
+        tasks.iter().map(|t| &t.delivery_id).collect::<Vec<_>>(),
+        vec![&task.delivery_id],
+        "queued again, once"
+    );
+}
