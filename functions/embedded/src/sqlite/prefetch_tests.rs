@@ -15,15 +15,21 @@ async fn services(dir: &entrega_testkit::TempDir) -> (Services, SqliteStore) {
     (services, parts.store)
 }
 
+/// A tenant's endpoint, and one event published to it and fanned out.
+async fn one_event_fanned_out(services: &Services) -> (entrega_core::endpoint::Endpoint, Event) {
+    let (endpoint, event) =
+        crate::test_support::tenant_with_endpoint(services, "https://hooks.example.com/").await;
+    let event = event();
+    services.store.publish(&event).await.unwrap();
+    fan_out(services, &event).await.unwrap();
+    (endpoint, event)
+}
+
 #[tokio::test]
 async fn a_prefetched_record_answers_its_tasks_first_read_only() {
     let dir = entrega_testkit::TempDir::new("prefetch-first-read");
     let (services, store) = services(&dir).await;
-    let (endpoint, event) =
-        crate::test_support::tenant_with_endpoint(&services, "https://hooks.example.com/").await;
-    let event = event();
-    services.store.publish(&event).await.unwrap();
-    fan_out(&services, &event).await.unwrap();
+    let (endpoint, event) = one_event_fanned_out(&services).await;
     let read = services.store.deliveries_of_event(&event).await.unwrap()[0].clone();
     let task = DeliveryTask::for_delivery(&read);
 
@@ -130,11 +136,7 @@ async fn a_delivery_paused_on_a_stale_read_of_a_disabled_endpoint_is_resumed() {
 
     let dir = entrega_testkit::TempDir::new("prefetch-stale-disable");
     let (services, store) = services(&dir).await;
-    let (endpoint, event) =
-        crate::test_support::tenant_with_endpoint(&services, "https://hooks.example.com/").await;
-    let event = event();
-    services.store.publish(&event).await.unwrap();
-    fan_out(&services, &event).await.unwrap();
+    let (endpoint, _) = one_event_fanned_out(&services).await;
     let queue = &services.deliveries;
     let first = queue.receive(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(first.len(), 1);

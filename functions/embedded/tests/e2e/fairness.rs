@@ -13,18 +13,42 @@ const BLOCKED_EVENTS: usize = 2_000;
 const PUBLISHERS: usize = 16;
 const PROBES: usize = 5;
 
+/// A server with two tenants: one whose endpoint (`slow_settings` beside its URL)
+/// never answers in time, one whose endpoint answers at once.
+struct TwoTenants {
+    _server: Server,
+    slow_tenant: Api,
+    fast_tenant: Api,
+    hanging: Receiver,
+    fast: Receiver,
+}
+
+impl TwoTenants {
+    async fn start(dir: &TempDir, mut slow_settings: serde_json::Value) -> Self {
+        let server = Server::start(dir);
+        let (_, slow_tenant) = server.admin().tenant("Slow Inc").await;
+        let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
+        let hanging =
+            Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(120))).await;
+        let fast = Receiver::answering(200).await;
+        slow_settings["url"] = json!(hanging.url("/"));
+        slow_tenant.endpoint(slow_settings).await;
+        fast_tenant.endpoint(json!({"url": fast.url("/")})).await;
+        Self {
+            _server: server,
+            slow_tenant,
+            fast_tenant,
+            hanging,
+            fast,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     let dir = TempDir::new("fairness");
-    let server = Server::start(&dir);
-    let (_, slow_tenant) = server.admin().tenant("Slow Inc").await;
-    let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
-    let hanging = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(120))).await;
-    let fast = Receiver::answering(200).await;
-    slow_tenant
-        .endpoint(json!({"url": hanging.url("/"), "timeout_ms": 2000}))
-        .await;
-    fast_tenant.endpoint(json!({"url": fast.url("/")})).await;
+    let scene = TwoTenants::start(&dir, json!({"timeout_ms": 2000})).await;
+    let (slow_tenant, hanging) = (&scene.slow_tenant, &scene.hanging);
 
     let mut publishers = tokio::task::JoinSet::new();
     for p in 0..PUBLISHERS {
@@ -43,7 +67,7 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     )
     .await;
 
-    let worst = probe(&fast_tenant, &fast).await;
+    let worst = probe(&scene.fast_tenant, &scene.fast).await;
     println!(
         "with {BLOCKED_EVENTS} deliveries stuck behind a hanging endpoint, another tenant's worst publish→receive: {worst:?}"
     );
@@ -63,15 +87,9 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hanging_endpoint_with_the_largest_cap_leaves_slots_for_another_tenant() {
     let dir = TempDir::new("fairness-cap");
-    let server = Server::start(&dir);
-    let (_, slow_tenant) = server.admin().tenant("Slow Inc").await;
-    let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
-    let hanging = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(120))).await;
-    let fast = Receiver::answering(200).await;
-    slow_tenant
-        .endpoint(json!({"url": hanging.url("/"), "timeout_ms": 30_000, "max_concurrency": 256}))
-        .await;
-    fast_tenant.endpoint(json!({"url": fast.url("/")})).await;
+    let scene =
+        TwoTenants::start(&dir, json!({"timeout_ms": 30_000, "max_concurrency": 256})).await;
+    let (slow_tenant, hanging) = (&scene.slow_tenant, &scene.hanging);
     for i in 0..TENANT_SLOTS * 2 {
         slow_tenant.publish("load.test", json!({"i": i})).await;
     }
@@ -87,7 +105,7 @@ async fn a_hanging_endpoint_with_the_largest_cap_leaves_slots_for_another_tenant
         TENANT_SLOTS,
         "one tenant holds at most its share of the worker's slots"
     );
-    let worst = probe(&fast_tenant, &fast).await;
+    let worst = probe(&scene.fast_tenant, &scene.fast).await;
     assert!(
         worst < Duration::from_secs(5),
         "another tenant waited {worst:?} behind a hanging endpoint with cap 256"
