@@ -5,9 +5,10 @@
 //! A client that opens connections and never finishes a request (slowloris) would
 //! otherwise hold file descriptors until the process can accept nothing, `/healthz`
 //! included. At the cap, a new connection evicts the connection that has been idle or
-//! stuck mid-headers the longest (none of its requests is running); only when every
-//! connection is busy or just opened is the new one refused. So a flood of half-open
-//! connections costs each of them its slot, never the server its service.
+//! stuck the longest: mid-headers, or with every request it has still waiting for its
+//! body (nothing has been done for such a request yet; see `arriving_body`). Only
+//! when every connection is busy or just opened is the new one refused. So a flood of
+//! half-open connections costs each of them its slot, never the server its service.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -15,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+
+use crate::arriving_body::ArrivingBody;
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -27,7 +30,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// A request's headers must arrive within this; an idle keep-alive connection is
 /// closed after it too.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request body must arrive within this.
+/// A request body must arrive whole within this (not per chunk: a byte every few
+/// seconds does not keep a request alive).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A request is answered within this (a batch resend is the slowest route).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -43,6 +47,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 struct Connection {
     /// Requests running now.
     busy: Arc<AtomicUsize>,
+    /// Of those, the ones waiting for their body to arrive now.
+    awaiting_body: Arc<AtomicUsize>,
     /// When it last finished a request, or was opened (ms since the server started).
     idle_since: Arc<AtomicU64>,
     evict: Option<oneshot::Sender<()>>,
@@ -58,13 +64,16 @@ impl Connections {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Evict the connection idle longest (at least [`EVICTABLE_AFTER`]); `false` if
-    /// none may go.
+    /// Evict the connection idle longest (at least [`EVICTABLE_AFTER`]), counting a
+    /// connection whose every running request still waits for its body as idle since
+    /// its last request started; `false` if none may go.
     fn evict_one(&self, now_ms: u64) -> bool {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let victim = open
             .iter()
-            .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+            .filter(|(_, c)| {
+                c.busy.load(Ordering::Acquire) <= c.awaiting_body.load(Ordering::Acquire)
+            })
             .map(|(id, c)| (*id, c.idle_since.load(Ordering::Acquire)))
             .filter(|(_, since)| {
                 now_ms.saturating_sub(*since) >= EVICTABLE_AFTER.as_millis() as u64
@@ -91,14 +100,10 @@ pub async fn serve(
     max_connections: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let app = app
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            BODY_READ_TIMEOUT,
-        ))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
-        ));
+    let app = app.layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        REQUEST_TIMEOUT,
+    ));
     let max_connections = connection_cap(max_connections);
     tracing::debug!(max_connections, "connection cap");
     let connections = Arc::new(Connections::default());
@@ -128,6 +133,7 @@ pub async fn serve(
         next_id += 1;
         let id = next_id;
         let busy = Arc::new(AtomicUsize::new(0));
+        let awaiting_body = Arc::new(AtomicUsize::new(0));
         let idle_since = Arc::new(AtomicU64::new(now_ms));
         let (evict_tx, evict_rx) = oneshot::channel();
         connections
@@ -138,6 +144,7 @@ pub async fn serve(
                 id,
                 Connection {
                     busy: busy.clone(),
+                    awaiting_body: awaiting_body.clone(),
                     idle_since: idle_since.clone(),
                     evict: Some(evict_tx),
                 },
@@ -146,7 +153,11 @@ pub async fn serve(
             let app = app.clone();
             move |request: Request<Incoming>| {
                 let (app, busy, idle_since) = (app.clone(), busy.clone(), idle_since.clone());
+                let awaiting_body = awaiting_body.clone();
                 async move {
+                    let request =
+                        request.map(|b| ArrivingBody::new(b, BODY_READ_TIMEOUT, &awaiting_body));
+                    idle_since.store(started.elapsed().as_millis() as u64, Ordering::Release);
                     busy.fetch_add(1, Ordering::AcqRel);
                     let response = app.oneshot(request.map(axum::body::Body::new)).await;
                     idle_since.store(started.elapsed().as_millis() as u64, Ordering::Release);

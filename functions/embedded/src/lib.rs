@@ -2,6 +2,7 @@
 //! ports, pollers play the parts Lambda's event source mappings play on AWS, and the
 //! `entrega` binary wires it all to the shared API router.
 
+mod arriving_body;
 pub mod cli;
 pub mod fan_out;
 pub mod http_server;

@@ -337,6 +337,53 @@ async fn half_open_connections_do_not_starve_the_server() {
     assert!(!log.contains("Too many open files"), "{log}");
 }
 
+/// A tenant's valid key passes authentication on headers alone. Connections whose
+/// requests then wait for bodies that never come are closed for new ones at the cap,
+/// as idle ones are: they cannot lock other clients out.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_stuck_waiting_for_their_body_do_not_lock_others_out() {
+    const CAP: usize = 64;
+    let dir = TempDir::new("slow-bodies");
+    let cap = CAP.to_string();
+    let server = Server::start_loopback(&dir, &["--max-connections", &cap]);
+    let (_, attacker) = server.admin().tenant("Slow Body Ltd").await;
+    let (_, other) = server.admin().tenant("Other Inc").await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n{{",
+        attacker.key
+    );
+    let mut held = Vec::new();
+    // Twice: the second round takes the places of the idle connections (the set-up's
+    // clients), so every place is held by a request waiting for its body.
+    for _ in 0..2 {
+        for _ in 0..CAP * 2 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
+                let _ = s.write_all(head.as_bytes()).await;
+                held.push(s);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for n in 0..10 {
+        let resp = client
+            .post(format!("{}/v1/events", server.base))
+            .bearer_auth(&other.key)
+            .json(&json!({"type": "a.b", "data": {"n": n}}))
+            .send()
+            .await
+            .expect("another tenant publishes while the cap is held by stuck bodies");
+        assert_eq!(resp.status(), 202);
+    }
+    drop(held);
+}
+
 /// `/metrics` takes the admin key or the metrics token, never a tenant key.
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_need_the_admin_key_or_the_metrics_token() {

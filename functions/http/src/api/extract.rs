@@ -21,6 +21,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(MAX_BODY_BYTES)
+            } else if caused_by::<BodyTooSlow>(&e) {
+                ApiError::body_timeout()
             } else {
                 ApiError::bad_request(
                     "the request body could not be read (broken chunked encoding, or the \
@@ -30,6 +32,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         })?;
         parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// What a server's request body gives when the body did not arrive whole in time
+/// (the embedded server's deadline for the whole body); the extractors answer 408.
+#[derive(Debug)]
+pub struct BodyTooSlow;
+
+impl std::fmt::Display for BodyTooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body did not arrive in time")
+    }
+}
+
+impl std::error::Error for BodyTooSlow {}
+
+/// Whether `E` is anywhere in `error`'s chain of sources.
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<E>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Parse `bytes` as `T`. Two steps, so the status says whose fault it is: no body,

@@ -6,6 +6,7 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod events;
 pub mod extract;
+pub use extract::BodyTooSlow;
 pub mod failures;
 pub mod openapi;
 pub mod problem;

@@ -108,6 +108,15 @@ impl ApiError {
         )
     }
 
+    /// The request body did not arrive whole in time (408).
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "Request timeout",
+            "the request body did not arrive in time",
+        )
+    }
+
     pub fn too_many_requests(retry_after: u64) -> Self {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
