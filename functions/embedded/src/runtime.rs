@@ -28,12 +28,18 @@ use crate::sqlite::SqliteStore;
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
 /// endpoint to a fraction of this, which is what protects the other tenants.
 pub const WORKER_SLOTS: usize = 64;
-/// Worker slots no one tenant may take: however many of its endpoints hang, and
-/// whatever their caps add up to, other tenants' attempts start at once.
-pub const SLOTS_KEPT_FOR_OTHER_TENANTS: usize = 16;
-/// Most attempts one tenant may have in flight.
-pub const TENANT_SLOTS: usize = WORKER_SLOTS - SLOTS_KEPT_FOR_OTHER_TENANTS;
-const _: () = assert!(SLOTS_KEPT_FOR_OTHER_TENANTS < WORKER_SLOTS);
+/// Worker slots kept for tenants with little in flight: once [`SHARED_SLOTS`] attempts
+/// are in flight, a tenant gets another only while it has fewer than
+/// [`KEPT_SLOTS_PER_TENANT`]. So tenants whose endpoints hang share the first 48
+/// slots however many they are and whatever their caps add up to, and another tenant's
+/// attempts still start at once (it takes four more such tenants, each hanging four
+/// attempts of its own, to fill the kept slots too).
+pub const KEPT_SLOTS: usize = 16;
+/// What tenants with attempts to spare share before the kept slots.
+pub const SHARED_SLOTS: usize = WORKER_SLOTS - KEPT_SLOTS;
+/// Attempts in flight below which a tenant may take a kept slot.
+pub const KEPT_SLOTS_PER_TENANT: usize = 4;
+const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT_SLOTS);
 /// How long a received delivery message stays hidden: longer than the longest
 /// attempt (30 s timeout + lease margin), so no second worker picks it up meanwhile.
 pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);

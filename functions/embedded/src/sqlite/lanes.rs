@@ -9,10 +9,13 @@
 //! saturated: a receive costs time proportional to what it hands out, not to the
 //! queue. That is what keeps a tenant's fast endpoint fast beside its slow one.
 //!
-//! A group may also be held to a number in flight across all its lanes
-//! ([`Scheduler::limit_each_group`]): the worker's slots are shared, and without it
-//! one tenant whose endpoints all hang (or one endpoint with a cap as large as the
-//! worker) would hold every slot until its attempts time out.
+//! The last slots of the worker may also be kept for light groups
+//! ([`Scheduler::keep_last_slots`]): once `shared` messages are in flight in all, only a
+//! group with fewer than `floor` in flight gets another. The worker's slots are shared,
+//! and without this tenants whose endpoints hang (or one endpoint with a cap as large
+//! as the worker) would hold every slot until their attempts time out; with it, hanging
+//! tenants share the first slots however many they are, and a tenant with little in
+//! flight still starts its attempts at once.
 //!
 //! The scheduler holds no bodies and does no I/O; the SQLite queue persists every
 //! message and rebuilds this at start-up (only one process may open the database, so
@@ -91,8 +94,20 @@ pub struct Scheduler {
     timers: BinaryHeap<Reverse<(Millis, Timer)>>,
     next_id: u64,
     next_receipt: u64,
-    /// Most messages one group may have in flight.
-    group_limit: u32,
+    /// Messages in flight, in all.
+    in_flight: u32,
+    /// See [`Scheduler::keep_last_slots`].
+    slots: KeptSlots,
+    /// Groups passed over because the shared slots were taken: back in rotation when
+    /// one frees.
+    held_back: Vec<GroupId>,
+}
+
+/// In flight in all past which only groups below `floor` get another message.
+#[derive(Debug, Clone, Copy)]
+struct KeptSlots {
+    shared: u32,
+    floor: u32,
 }
 
 impl Scheduler {
@@ -109,14 +124,24 @@ impl Scheduler {
             timers: BinaryHeap::new(),
             next_id: 1,
             next_receipt: receipt_seed | 1,
-            group_limit: u32::MAX,
+            in_flight: 0,
+            slots: KeptSlots {
+                shared: u32::MAX,
+                floor: 0,
+            },
+            held_back: Vec::new(),
         }
     }
 
-    /// Hold each group to `limit` messages in flight (at least one), whatever its
-    /// lanes' caps add up to.
-    pub fn limit_each_group(&mut self, limit: u32) {
-        self.group_limit = limit.max(1);
+    /// Once `shared` messages are in flight in all, hand more only to groups with
+    /// fewer than `floor` in flight, whatever their lanes' caps add up to.
+    pub fn keep_last_slots(&mut self, shared: u32, floor: u32) {
+        self.slots = KeptSlots { shared, floor };
+    }
+
+    /// Whether `group` may have one more message in flight now.
+    fn may_take(&self, group: &Group) -> bool {
+        self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
     }
 
     /// Messages held, in any state.
@@ -194,9 +219,10 @@ impl Scheduler {
                 continue;
             };
             group.in_rotation = false;
-            if group.in_flight >= self.group_limit {
+            if !self.may_take(&self.groups[&group_id]) {
                 // Parked with its lanes still in its rotation; a message settling
                 // puts it back (see `leave_flight`).
+                self.held_back.push(group_id);
                 continue;
             }
             let mut taken = None;
@@ -295,14 +321,29 @@ impl Scheduler {
         Some(lane_id)
     }
 
-    /// One of the lane's messages is no longer in flight. Its group, if that frees
-    /// it from its limit and it has runnable lanes waiting, goes back in rotation.
+    /// One of the lane's messages is no longer in flight. Its group, and the groups
+    /// held back for want of a slot, go back in rotation if they have runnable lanes.
     fn leave_flight(&mut self, lane_id: LaneId) {
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.in_flight -= 1;
         let group_id = lane.group;
-        let group = self.groups.get_mut(&group_id).expect("a lane's group");
-        group.in_flight -= 1;
+        self.groups
+            .get_mut(&group_id)
+            .expect("a lane's group")
+            .in_flight -= 1;
+        self.in_flight -= 1;
+        self.return_to_rotation(group_id);
+        if self.in_flight < self.slots.shared {
+            for held in std::mem::take(&mut self.held_back) {
+                self.return_to_rotation(held);
+            }
+        }
+    }
+
+    fn return_to_rotation(&mut self, group_id: GroupId) {
+        let Some(group) = self.groups.get_mut(&group_id) else {
+            return;
+        };
         if !group.in_rotation && !group.rotation.is_empty() {
             group.in_rotation = true;
             self.rotation.push_back(group_id);
@@ -318,6 +359,7 @@ impl Scheduler {
             .get_mut(&group_id)
             .expect("a lane's group")
             .in_flight += 1;
+        self.in_flight += 1;
         self.next_receipt = self.next_receipt.wrapping_add(2);
         let receipt = self.next_receipt;
         let message = self.messages.get_mut(&id).expect("a lane's message");

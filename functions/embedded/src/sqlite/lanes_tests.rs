@@ -104,39 +104,41 @@ fn a_receipt_stays_valid_after_expiry_until_the_message_is_received_again() {
 }
 
 #[test]
-fn a_group_at_its_limit_waits_while_other_groups_are_served() {
+fn past_the_shared_slots_only_groups_with_little_in_flight_are_served() {
     let mut s = Scheduler::new(1);
-    s.limit_each_group(3);
-    // One tenant: two endpoints whose caps (256 each) add up to far more than 3.
+    // 4 shared places, then only groups with fewer than 2 in flight.
+    s.keep_last_slots(4, 2);
+    // Two greedy tenants, each with lanes whose caps add up to far more than 4.
     for id in 0..100 {
-        s.insert(
-            id,
-            "greedy",
-            Some(if id % 2 == 0 { "x" } else { "y" }),
-            256,
-            0,
-            0,
-        );
+        let key = if id % 2 == 0 { "x" } else { "y" };
+        s.insert(id, "greedy-a", Some(key), 256, 0, 0);
+        s.insert(1_000 + id, "greedy-b", Some(key), 256, 0, 0);
     }
     let first = s.receive(64, 0, VIS);
-    assert_eq!(first.len(), 3, "the group's limit holds across its lanes");
-    s.insert(1_000, "other", Some("z"), 8, 1, 1);
-    assert_eq!(ids(&s.receive(64, 1, VIS)), vec![1_000]);
+    assert_eq!(
+        first.len(),
+        4,
+        "the shared places, then each has 2: none of the kept"
+    );
+    let a = first.iter().filter(|h| h.id < 1_000).count();
+    assert_eq!(a, 2, "shared in turn");
+    // A third tenant, with nothing in flight, gets kept places, up to 2.
+    for id in 0..5 {
+        s.insert(10_000 + id, "light", Some("z"), 8, 1, 1);
+    }
+    assert_eq!(ids(&s.receive(64, 1, VIS)), vec![10_000, 10_001]);
     assert!(s.receive(64, 2, VIS).is_empty());
-    // A settled message frees one place, and only one.
+    // A settled message leaves its greedy tenant below 2 in flight: it takes one
+    // more, and no more (the total is still past the shared places).
     assert!(s.remove(first[0].id, first[0].receipt, 3));
     assert_eq!(s.receive(64, 3, VIS).len(), 1);
     assert!(s.receive(64, 4, VIS).is_empty());
     // A message hidden for a retry is no longer in flight either.
     assert!(s.change_visibility(first[1].id, first[1].receipt, 1_000_000, 5));
     assert_eq!(s.receive(64, 5, VIS).len(), 1);
-    // Messages whose visibility ran out come back, freeing their places: the group
-    // gets its 3 again (and the other group its own message).
-    let again = ids(&s.receive(64, 10 + VIS, VIS));
-    assert_eq!(
-        again.iter().filter(|id| **id < 1_000).count(),
-        3,
-        "{again:?}"
-    );
-    assert!(again.contains(&1_000));
+    // Messages whose visibility ran out come back, freeing their places: the same
+    // shares again.
+    let again = s.receive(64, 10 + VIS, VIS);
+    let light = again.iter().filter(|h| h.id >= 10_000).count();
+    assert_eq!((again.len(), light), (6, 2), "{:?}", ids(&again));
 }

@@ -101,9 +101,10 @@ impl SqliteQueue {
         self.scheduler.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hold each group (a tenant) to `limit` messages in flight at once.
-    pub fn limit_each_group(&self, limit: u32) {
-        self.scheduler().limit_each_group(limit);
+    /// Once `shared` messages are in flight, hand more only to groups (tenants) with
+    /// fewer than `floor` in flight.
+    pub fn keep_last_slots(&self, shared: u32, floor: u32) {
+        self.scheduler().keep_last_slots(shared, floor);
     }
 
     /// Messages in the queue, visible or not (for operators and tests).

@@ -1,10 +1,10 @@
 //! One slow customer never delays the others: an endpoint that hangs for its whole
-//! timeout, with 2 000 deliveries waiting, does not hold up another tenant; nor does
-//! one that hangs with a cap as large as the worker's slots.
+//! timeout, with 2 000 deliveries waiting, does not hold up another tenant; nor do
+//! several that hang at once with a cap as large as the worker's slots.
 
 use std::time::{Duration, Instant};
 
-use entrega_embedded::runtime::TENANT_SLOTS;
+use entrega_embedded::runtime::{KEPT_SLOTS_PER_TENANT, SHARED_SLOTS, WORKER_SLOTS};
 use serde_json::json;
 
 use crate::harness::*;
@@ -13,30 +13,36 @@ const BLOCKED_EVENTS: usize = 2_000;
 const PUBLISHERS: usize = 16;
 const PROBES: usize = 5;
 
-/// A server with two tenants: one whose endpoint (`slow_settings` beside its URL)
-/// never answers in time, one whose endpoint answers at once.
-struct TwoTenants {
+/// A server with slow tenants, each with an endpoint (`slow_settings` beside its
+/// URL) that never answers in time, and one tenant whose endpoint answers at once.
+struct Tenants {
     _server: Server,
-    slow_tenant: Api,
+    slow_tenants: Vec<Api>,
     fast_tenant: Api,
+    /// Every slow tenant's endpoint.
     hanging: Receiver,
     fast: Receiver,
 }
 
-impl TwoTenants {
-    async fn start(dir: &TempDir, mut slow_settings: serde_json::Value) -> Self {
+impl Tenants {
+    async fn start(dir: &TempDir, slow: usize, slow_settings: serde_json::Value) -> Self {
         let server = Server::start(dir);
-        let (_, slow_tenant) = server.admin().tenant("Slow Inc").await;
-        let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
         let hanging =
             Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(120))).await;
-        let fast = Receiver::answering(200).await;
+        let mut slow_settings = slow_settings;
         slow_settings["url"] = json!(hanging.url("/"));
-        slow_tenant.endpoint(slow_settings).await;
+        let mut slow_tenants = Vec::new();
+        for n in 0..slow {
+            let (_, tenant) = server.admin().tenant(&format!("Slow {n} Inc")).await;
+            tenant.endpoint(slow_settings.clone()).await;
+            slow_tenants.push(tenant);
+        }
+        let (_, fast_tenant) = server.admin().tenant("Fast Ltd").await;
+        let fast = Receiver::answering(200).await;
         fast_tenant.endpoint(json!({"url": fast.url("/")})).await;
         Self {
             _server: server,
-            slow_tenant,
+            slow_tenants,
             fast_tenant,
             hanging,
             fast,
@@ -47,8 +53,8 @@ impl TwoTenants {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     let dir = TempDir::new("fairness");
-    let scene = TwoTenants::start(&dir, json!({"timeout_ms": 2000})).await;
-    let (slow_tenant, hanging) = (&scene.slow_tenant, &scene.hanging);
+    let scene = Tenants::start(&dir, 1, json!({"timeout_ms": 2000})).await;
+    let (slow_tenant, hanging) = (&scene.slow_tenants[0], &scene.hanging);
 
     let mut publishers = tokio::task::JoinSet::new();
     for p in 0..PUBLISHERS {
@@ -81,34 +87,39 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     );
 }
 
-/// An endpoint's cap may be as large as the worker's slots, but one tenant never
-/// takes them all: the attempts hang for 30 s, and another tenant's still start at
-/// once.
+/// An endpoint's cap may be as large as the worker's slots, and several tenants'
+/// endpoints may hang at once, but together they never take every slot: their
+/// attempts hang for 30 s, and another tenant's still start at once.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_hanging_endpoint_with_the_largest_cap_leaves_slots_for_another_tenant() {
+async fn tenants_hanging_with_the_largest_cap_leave_slots_for_another_tenant() {
     let dir = TempDir::new("fairness-cap");
-    let scene =
-        TwoTenants::start(&dir, json!({"timeout_ms": 30_000, "max_concurrency": 256})).await;
-    let (slow_tenant, hanging) = (&scene.slow_tenant, &scene.hanging);
-    for i in 0..TENANT_SLOTS * 2 {
-        slow_tenant.publish("load.test", json!({"i": i})).await;
+    let settings = json!({"timeout_ms": 30_000, "max_concurrency": 256});
+    let scene = Tenants::start(&dir, 3, settings).await;
+    for tenant in &scene.slow_tenants {
+        for i in 0..SHARED_SLOTS {
+            tenant.publish("load.test", json!({"i": i})).await;
+        }
     }
+    let hanging = &scene.hanging;
     eventually(
         Duration::from_secs(20),
-        "the hanging endpoint took its tenant's share of the slots",
-        || async { (hanging.count() >= TENANT_SLOTS).then_some(()) },
+        "the hanging endpoints took the shared slots",
+        || async { (hanging.count() >= SHARED_SLOTS).then_some(()) },
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        hanging.count(),
-        TENANT_SLOTS,
-        "one tenant holds at most its share of the worker's slots"
+    // Past the shared slots, each tenant took kept slots only up to its small share
+    // (none if it had that many already): the rest stay free for others.
+    let taken = hanging.count();
+    assert!(
+        (SHARED_SLOTS..=SHARED_SLOTS + 3 * KEPT_SLOTS_PER_TENANT).contains(&taken)
+            && taken < WORKER_SLOTS,
+        "{taken} attempts hanging at once"
     );
     let worst = probe(&scene.fast_tenant, &scene.fast).await;
     assert!(
         worst < Duration::from_secs(5),
-        "another tenant waited {worst:?} behind a hanging endpoint with cap 256"
+        "another tenant waited {worst:?} behind three hanging endpoints with cap 256"
     );
 }
 
