@@ -484,6 +484,8 @@ async fn hostile_input_gets_clear_errors() {
             json!({"url": receiver.url("/"), "retry": "sometimes"}),
             "retry",
         ),
+        // Parsed leniently, this would be stored as http://x/.
+        (json!({"url": "http:///x"}), "url"),
     ] {
         let (status, problem) = acme.post("/v1/endpoints", body.clone()).await;
         assert_eq!(

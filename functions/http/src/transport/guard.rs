@@ -28,6 +28,8 @@ pub struct TargetPolicy {
 pub enum TargetError {
     #[error("not a valid absolute URL")]
     Malformed,
+    #[error("the host must follow `scheme://` (as in https://hooks.example.com/path)")]
+    NoHostWritten,
     #[error("only https targets are allowed; an operator allows http with --allow-http (ENTREGA_ALLOW_HTTP=1)")]
     SchemeNotAllowed,
     #[error("URLs with a user name or password are not allowed")]
@@ -65,6 +67,15 @@ impl TargetPolicy {
     /// is an address (names are checked when they resolve, at connect time).
     pub fn check_url(&self, raw: &str) -> Result<Url, TargetError> {
         let url = Url::parse(raw).map_err(|_| TargetError::Malformed)?;
+        // The URL standard forgives a missing or extra slash: `http:///x` and `http:x`
+        // both parse as `http://x/`. A URL without its host where a host belongs is a
+        // typo, and the host it would be sent to is a guess: refuse it.
+        let host_written = raw
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with(['/', '\\']));
+        if !host_written {
+            return Err(TargetError::NoHostWritten);
+        }
         match url.scheme() {
             "https" => {}
             "http" if self.allow_http => {}
@@ -357,6 +368,17 @@ mod tests {
             Err(TargetError::SchemeNotAllowed)
         );
         assert_eq!(policy.check_url("not a url"), Err(TargetError::Malformed));
+        for typo in [
+            "https:///hooks",
+            "https:hooks.example.com/",
+            "https:/hooks.example.com/",
+        ] {
+            assert_eq!(
+                policy.check_url(typo),
+                Err(TargetError::NoHostWritten),
+                "{typo}"
+            );
+        }
         assert!(policy.check_url("https://hooks.example.com/in").is_ok());
     }
 
