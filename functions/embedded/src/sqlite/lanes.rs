@@ -64,6 +64,8 @@ struct Group {
     len: u64,
     /// Messages of the group's lanes in flight.
     in_flight: u32,
+    /// Whether it is in the scheduler's `held_back` (at most once).
+    held_back: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -222,7 +224,11 @@ impl Scheduler {
             if !self.may_take(&self.groups[&group_id]) {
                 // Parked with its lanes still in its rotation; a message settling
                 // puts it back (see `leave_flight`).
-                self.held_back.push(group_id);
+                let group = self.groups.get_mut(&group_id).expect("just read");
+                if !group.held_back {
+                    group.held_back = true;
+                    self.held_back.push(group_id);
+                }
                 continue;
             }
             let mut taken = None;
@@ -335,6 +341,9 @@ impl Scheduler {
         self.return_to_rotation(group_id);
         if self.in_flight < self.slots.shared {
             for held in std::mem::take(&mut self.held_back) {
+                if let Some(group) = self.groups.get_mut(&held) {
+                    group.held_back = false;
+                }
                 self.return_to_rotation(held);
             }
         }
@@ -458,6 +467,7 @@ impl Scheduler {
                         in_rotation: false,
                         len: 0,
                         in_flight: 0,
+                        held_back: false,
                     },
                 );
                 id
