@@ -16,14 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-
-use crate::arriving_body::ArrivingBody;
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tower::ServiceExt;
+
+use crate::arriving_body::ArrivingBody;
 
 /// Connections served at once (see `--max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
