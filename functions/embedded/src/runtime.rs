@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use entrega_core::conditions::{Component, Conditions};
+use entrega_core::endpoint::MAX_CONCURRENCY_CAP;
 use entrega_core::handlers::age::check_unacknowledged;
 use entrega_core::handlers::failures::handle_failure;
 use entrega_core::handlers::sweep::{sweep_overdue, SWEEP_INTERVAL};
@@ -28,18 +29,43 @@ use crate::sqlite::SqliteStore;
 /// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
 /// endpoint to a fraction of this, which is what protects the other tenants.
 pub const WORKER_SLOTS: usize = 64;
-/// Worker slots kept for tenants with little in flight: once [`SHARED_SLOTS`] attempts
-/// are in flight, a tenant gets another only while it has fewer than
-/// [`KEPT_SLOTS_PER_TENANT`]. So tenants whose endpoints hang share the first 48
-/// slots however many they are and whatever their caps add up to, and another tenant's
-/// attempts still start at once (it takes four more such tenants, each hanging four
-/// attempts of its own, to fill the kept slots too).
+/// Worker slots kept for light tenants: once [`SHARED_SLOTS`] attempts are in flight,
+/// a tenant gets another only while it has fewer than [`KEPT_SLOTS_PER_TENANT`] and
+/// none of its attempts has run past [`SLOW_AFTER`] in the last [`SLOW_MEMORY`]. So
+/// tenants whose endpoints hang, however many, never take the kept slots, and another
+/// tenant's attempts still start at once.
 pub const KEPT_SLOTS: usize = 16;
 /// What tenants with attempts to spare share before the kept slots.
 pub const SHARED_SLOTS: usize = WORKER_SLOTS - KEPT_SLOTS;
 /// Attempts in flight below which a tenant may take a kept slot.
 pub const KEPT_SLOTS_PER_TENANT: usize = 4;
+/// How long a tenant one of whose attempts ran past [`SLOW_AFTER`] is kept from the
+/// kept slots.
+pub const SLOW_MEMORY: Duration = Duration::from_secs(60);
 const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT_SLOTS);
+/// An attempt still running after this leaves its worker slot for one of the
+/// [`SLOW_SLOTS`] (when one is free): an endpoint that hangs then holds the slow
+/// slots, not the ones every tenant's quick attempts turn over in, and it no longer
+/// counts against its tenant's share (its endpoint's cap still holds it).
+pub const SLOW_AFTER: Duration = Duration::from_secs(1);
+/// Attempts past [`SLOW_AFTER`] in flight at once beside the worker's slots: each is
+/// a socket and its request, so they are bounded too; when all are taken, or its
+/// tenant holds [`SLOW_SLOTS_PER_TENANT`], a slow attempt keeps its worker slot.
+pub const SLOW_SLOTS: usize = 512;
+/// Slow slots one tenant may hold: one endpoint at the largest cap fits (so its
+/// neighbours keep their turn), and two tenants must hang to fill them all (the
+/// others are protected by the kept slots either way).
+pub const SLOW_SLOTS_PER_TENANT: usize = MAX_CONCURRENCY_CAP as usize;
+/// The delivery queue's rule for the worker's last slots, from the constants above.
+pub fn kept_slots() -> crate::sqlite::KeptSlots {
+    crate::sqlite::KeptSlots {
+        shared: SHARED_SLOTS as u32,
+        floor: KEPT_SLOTS_PER_TENANT as u32,
+        slow_memory: SLOW_MEMORY.as_millis() as i64,
+        demoted_per_group: SLOW_SLOTS_PER_TENANT as u32,
+    }
+}
+
 /// How long a received delivery message stays hidden: longer than the longest
 /// attempt (30 s timeout + lease margin), so no second worker picks it up meanwhile.
 pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);
@@ -130,6 +156,7 @@ impl Runtime {
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
+        let slow_slots = Arc::new(Semaphore::new(SLOW_SLOTS));
         let mut in_flight = JoinSet::new();
         let mut backoff = LoopBackoff::default();
         // Whether the last receive got all it asked for: only then is there a backlog
@@ -142,6 +169,8 @@ impl Runtime {
             if free == 0 {
                 tokio::select! {
                     _ = in_flight.join_next() => {}
+                    // A slot given up by a slow attempt.
+                    _ = self.delivery_queue.work_arrived() => {}
                     _ = shutdown.changed() => {}
                 }
                 continue;
@@ -183,11 +212,27 @@ impl Runtime {
             for (message, prefetched) in received.into_iter().zip(prefetched) {
                 let permit = slots.clone().acquire_owned().await.expect("never closed");
                 let (services, conditions) = (self.services.clone(), self.conditions.clone());
+                let (queue, slow_slots) = (self.delivery_queue.clone(), slow_slots.clone());
                 in_flight.spawn(async move {
-                    prefetched
-                        .scope(run_delivery(&services, &conditions, message))
-                        .await;
-                    drop(permit);
+                    let receipt = message.receipt.clone();
+                    let attempt = prefetched.scope(run_delivery(&services, &conditions, message));
+                    let mut attempt = std::pin::pin!(attempt);
+                    tokio::select! {
+                        _ = attempt.as_mut() => return,
+                        _ = tokio::time::sleep(SLOW_AFTER) => {}
+                    }
+                    // Slow: move to a slow slot, if there is one and the tenant has
+                    // not used its share of them, and give the worker slot back.
+                    let slow = slow_slots.try_acquire_owned().ok();
+                    let held = if queue.note_slow(&receipt, slow.is_some()) {
+                        drop(permit);
+                        queue.wake_consumer();
+                        (None, slow)
+                    } else {
+                        (Some(permit), None)
+                    };
+                    attempt.await;
+                    drop(held);
                 });
             }
         }

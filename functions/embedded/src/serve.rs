@@ -253,10 +253,7 @@ pub async fn open_sqlite_parts(
         .map_err(|e| format!("cannot open the database {}: {e}", db.display()))?;
     let store = SqliteStore::new(db.clone(), clock.clone());
     let deliveries = SqliteQueue::open(db.clone(), DELIVERY_QUEUE, clock.clone()).await?;
-    deliveries.keep_last_slots(
-        crate::runtime::SHARED_SLOTS as u32,
-        crate::runtime::KEPT_SLOTS_PER_TENANT as u32,
-    );
+    deliveries.keep_last_slots(crate::runtime::kept_slots());
     let failures = SqliteQueue::open(db, FAILURE_QUEUE, clock.clone()).await?;
     store.load_outbox_pending().await?;
     let leases = store.release_dead_leases().await?;

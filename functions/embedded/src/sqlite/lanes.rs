@@ -9,13 +9,17 @@
 //! saturated: a receive costs time proportional to what it hands out, not to the
 //! queue. That is what keeps a tenant's fast endpoint fast beside its slow one.
 //!
-//! The last slots of the worker may also be kept for light groups
-//! ([`Scheduler::keep_last_slots`]): once `shared` messages are in flight in all, only a
-//! group with fewer than `floor` in flight gets another. The worker's slots are shared,
-//! and without this tenants whose endpoints hang (or one endpoint with a cap as large
-//! as the worker) would hold every slot until their attempts time out; with it, hanging
-//! tenants share the first slots however many they are, and a tenant with little in
-//! flight still starts its attempts at once.
+//! The worker's slots are shared, and without more than caps, tenants whose endpoints
+//! hang (or one endpoint with a cap as large as the worker) would hold every slot
+//! until their attempts time out. So ([`Scheduler::keep_last_slots`]):
+//! - an attempt that runs long is *noted slow*: its group counts as slow for a while,
+//!   and the message may be *demoted*, counted against its lane's cap only, as its
+//!   attempt moves out of the worker's slots into slow ones (a bounded number per
+//!   group);
+//! - once `shared` messages are in flight in all, only a *light* group gets another:
+//!   one with fewer than `floor` in flight and not slow lately.
+//!
+//! So hanging tenants, however many, leave the last slots to the others.
 //!
 //! The scheduler holds no bodies and does no I/O; the SQLite queue persists every
 //! message and rebuilds this at start-up (only one process may open the database, so
@@ -37,6 +41,9 @@ struct Message {
     /// When it becomes visible (again).
     visible_at: Millis,
     in_flight: bool,
+    /// In flight but no longer counted against its group's share or the shared
+    /// slots ([`Scheduler::demote`]); still against its lane's cap.
+    demoted: bool,
     /// The latest receipt handed out; only it may delete or re-hide the message.
     receipt: u64,
     receive_count: u32,
@@ -66,6 +73,10 @@ struct Group {
     in_flight: u32,
     /// Whether it is in the scheduler's `held_back` (at most once).
     held_back: bool,
+    /// Its demoted messages (see [`Scheduler::note_slow`]).
+    demoted: u32,
+    /// Until when it counts as slow: one of its attempts ran long lately.
+    slow_until: Millis,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -105,11 +116,16 @@ pub struct Scheduler {
     held_back: Vec<GroupId>,
 }
 
-/// In flight in all past which only groups below `floor` get another message.
+/// See [`Scheduler::keep_last_slots`].
 #[derive(Debug, Clone, Copy)]
-struct KeptSlots {
-    shared: u32,
-    floor: u32,
+pub struct KeptSlots {
+    /// In flight in all past which only light groups get another message: groups
+    /// with fewer than `floor` in flight that have not been slow for `slow_memory`.
+    pub shared: u32,
+    pub floor: u32,
+    pub slow_memory: Millis,
+    /// Most demoted messages one group may have.
+    pub demoted_per_group: u32,
 }
 
 impl Scheduler {
@@ -130,20 +146,23 @@ impl Scheduler {
             slots: KeptSlots {
                 shared: u32::MAX,
                 floor: 0,
+                slow_memory: 0,
+                demoted_per_group: u32::MAX,
             },
             held_back: Vec::new(),
         }
     }
 
-    /// Once `shared` messages are in flight in all, hand more only to groups with
-    /// fewer than `floor` in flight, whatever their lanes' caps add up to.
-    pub fn keep_last_slots(&mut self, shared: u32, floor: u32) {
-        self.slots = KeptSlots { shared, floor };
+    /// Once `slots.shared` messages are in flight in all, hand more only to light
+    /// groups (see [`KeptSlots`]), whatever their lanes' caps add up to.
+    pub fn keep_last_slots(&mut self, slots: KeptSlots) {
+        self.slots = slots;
     }
 
     /// Whether `group` may have one more message in flight now.
-    fn may_take(&self, group: &Group) -> bool {
-        self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
+    fn may_take(&self, group: &Group, now: Millis) -> bool {
+        self.in_flight < self.slots.shared
+            || (group.in_flight < self.slots.floor && group.slow_until <= now)
     }
 
     /// Messages held, in any state.
@@ -201,6 +220,7 @@ impl Scheduler {
                 lane: lane_id,
                 visible_at,
                 in_flight: false,
+                demoted: false,
                 receipt: 0,
                 receive_count: 0,
             },
@@ -221,7 +241,7 @@ impl Scheduler {
                 continue;
             };
             group.in_rotation = false;
-            if !self.may_take(&self.groups[&group_id]) {
+            if !self.may_take(&self.groups[&group_id], now) {
                 // Parked with its lanes still in its rotation; a message settling
                 // puts it back (see `leave_flight`).
                 let group = self.groups.get_mut(&group_id).expect("just read");
@@ -319,7 +339,8 @@ impl Scheduler {
         let lane_id = message.lane;
         if message.in_flight {
             message.in_flight = false;
-            self.leave_flight(lane_id);
+            let demoted = std::mem::take(&mut message.demoted);
+            self.leave_flight(lane_id, demoted);
         } else {
             let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
             lane.ready.remove(&(message.visible_at, id));
@@ -327,25 +348,72 @@ impl Scheduler {
         Some(lane_id)
     }
 
+    /// The message `id` (in flight under `receipt`) has run long: its group counts as
+    /// slow for `slow_memory` (no kept slots for it), and if `may_demote` and the
+    /// group has fewer than `demoted_per_group` demoted, the message is demoted: it
+    /// no longer counts against its group's share or the shared slots (its attempt
+    /// has moved out of the worker's slots), only against its lane's cap. Whether it
+    /// was demoted (`false` too for a stale receipt or a settled message).
+    pub fn note_slow(
+        &mut self,
+        id: MessageId,
+        receipt: u64,
+        now: Millis,
+        may_demote: bool,
+    ) -> bool {
+        let Some(message) = self.messages.get_mut(&id) else {
+            return false;
+        };
+        if !message.in_flight || message.demoted || message.receipt != receipt {
+            return false;
+        }
+        let group_id = self.lanes[&message.lane].group;
+        let group = self.groups.get_mut(&group_id).expect("a lane's group");
+        group.slow_until = now + self.slots.slow_memory;
+        if !may_demote || group.demoted >= self.slots.demoted_per_group {
+            return false;
+        }
+        group.demoted += 1;
+        message.demoted = true;
+        self.leave_share(group_id);
+        true
+    }
+
     /// One of the lane's messages is no longer in flight. Its group, and the groups
     /// held back for want of a slot, go back in rotation if they have runnable lanes.
-    fn leave_flight(&mut self, lane_id: LaneId) {
+    fn leave_flight(&mut self, lane_id: LaneId, demoted: bool) {
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.in_flight -= 1;
         let group_id = lane.group;
+        if demoted {
+            // Its share was given back when it was demoted; its lane may run again.
+            self.groups
+                .get_mut(&group_id)
+                .expect("a lane's group")
+                .demoted -= 1;
+            self.return_to_rotation(group_id);
+        } else {
+            self.leave_share(group_id);
+        }
+    }
+
+    /// One of the group's messages no longer counts against its share or the shared
+    /// slots.
+    fn leave_share(&mut self, group_id: GroupId) {
         self.groups
             .get_mut(&group_id)
             .expect("a lane's group")
             .in_flight -= 1;
         self.in_flight -= 1;
         self.return_to_rotation(group_id);
-        if self.in_flight < self.slots.shared {
-            for held in std::mem::take(&mut self.held_back) {
-                if let Some(group) = self.groups.get_mut(&held) {
-                    group.held_back = false;
-                }
-                self.return_to_rotation(held);
+        // Every place freed is offered to every group held back (one may have become
+        // light since: its slowness forgotten); those still not allowed are held
+        // back again at the next receive.
+        for held in std::mem::take(&mut self.held_back) {
+            if let Some(group) = self.groups.get_mut(&held) {
+                group.held_back = false;
             }
+            self.return_to_rotation(held);
         }
     }
 
@@ -439,8 +507,9 @@ impl Scheduler {
                     }
                     // Not settled in time: visible again, as SQS does.
                     message.in_flight = false;
+                    let demoted = std::mem::take(&mut message.demoted);
                     let (lane_id, visible_at) = (message.lane, message.visible_at);
-                    self.leave_flight(lane_id);
+                    self.leave_flight(lane_id, demoted);
                     let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
                     lane.ready.insert((visible_at, id));
                     self.activate(lane_id, now);
@@ -468,6 +537,8 @@ impl Scheduler {
                         len: 0,
                         in_flight: 0,
                         held_back: false,
+                        demoted: 0,
+                        slow_until: Millis::MIN,
                     },
                 );
                 id

@@ -2,6 +2,17 @@ use super::*;
 
 const VIS: Millis = 60_000;
 
+/// `shared` places, then `floor` for light groups; slowness remembered 1 s, and at
+/// most 3 demoted per group.
+fn kept(shared: u32, floor: u32) -> KeptSlots {
+    KeptSlots {
+        shared,
+        floor,
+        slow_memory: 1_000,
+        demoted_per_group: 3,
+    }
+}
+
 fn ids(handouts: &[Handout]) -> Vec<MessageId> {
     handouts.iter().map(|h| h.id).collect()
 }
@@ -107,7 +118,7 @@ fn a_receipt_stays_valid_after_expiry_until_the_message_is_received_again() {
 fn past_the_shared_slots_only_groups_with_little_in_flight_are_served() {
     let mut s = Scheduler::new(1);
     // 4 shared places, then only groups with fewer than 2 in flight.
-    s.keep_last_slots(4, 2);
+    s.keep_last_slots(kept(4, 2));
     // Two greedy tenants, each with lanes whose caps add up to far more than 4.
     for id in 0..100 {
         let key = if id % 2 == 0 { "x" } else { "y" };
@@ -141,4 +152,72 @@ fn past_the_shared_slots_only_groups_with_little_in_flight_are_served() {
     let again = s.receive(64, 10 + VIS, VIS);
     let light = again.iter().filter(|h| h.id >= 10_000).count();
     assert_eq!((again.len(), light), (6, 2), "{:?}", ids(&again));
+}
+
+#[test]
+fn a_demoted_message_gives_back_its_groups_share_but_not_its_lanes_cap() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(kept(2, 1));
+    for id in 0..10 {
+        s.insert(id, "slow", Some("x"), 3, 0, 0);
+    }
+    let first = s.receive(64, 0, VIS);
+    assert_eq!(first.len(), 2, "the shared places");
+    assert!(s.receive(64, 0, VIS).is_empty());
+    // Both demoted: the shares are free again, but the lane's cap of 3 counts them.
+    assert!(s.note_slow(first[0].id, first[0].receipt, 0, true));
+    assert!(s.note_slow(first[1].id, first[1].receipt, 0, true));
+    assert!(!s.note_slow(first[1].id, first[1].receipt, 0, true), "once");
+    assert_eq!(s.receive(64, 1, VIS).len(), 1, "the lane's third and last");
+    // Settling a demoted message frees its lane's place, and no share twice.
+    assert!(s.remove(first[0].id, first[0].receipt, 2));
+    assert_eq!(s.receive(64, 2, VIS).len(), 1);
+    assert!(s.receive(64, 2, VIS).is_empty());
+    assert!(
+        !s.note_slow(first[0].id, first[0].receipt, 2, true),
+        "settled"
+    );
+    // A demoted message whose visibility runs out frees its lane's place as well.
+    let later = s.receive(64, 10 + VIS, VIS);
+    assert_eq!(later.len(), 2, "shares again: {:?}", ids(&later));
+}
+
+#[test]
+fn a_slow_group_gets_no_kept_place_and_a_bounded_number_demoted() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(kept(2, 2));
+    for id in 0..10 {
+        s.insert(id, "hangs", Some(&format!("e{id}")), 8, 0, 0);
+    }
+    let first = s.receive(64, 0, VIS);
+    assert_eq!(
+        first.len(),
+        2,
+        "a group that fills the shared places takes no kept one"
+    );
+    // Slow, but not to be demoted (no slow slot free): only remembered as slow.
+    assert!(!s.note_slow(first[0].id, first[0].receipt, 10, false));
+    s.insert(100, "light", Some("x"), 8, 10, 10);
+    let light = s.receive(64, 10, VIS);
+    assert_eq!(ids(&light), vec![100], "a light group takes a kept one");
+    // Demoted, up to 3 of the group's: each frees a shared place it takes again.
+    let mut demoted = 0;
+    let mut running = first.clone();
+    while let Some(h) = running.pop() {
+        if s.note_slow(h.id, h.receipt, 20, true) {
+            demoted += 1;
+            running.extend(s.receive(64, 20, VIS));
+        }
+    }
+    assert_eq!(demoted, 3, "at most 3 demoted per group");
+    // The shared places are taken (one of its own, the light group's): below its
+    // floor, but slow lately, it gets no kept place; a light group does.
+    assert!(s.receive(64, 30, VIS).is_empty());
+    s.insert(101, "light", Some("x"), 8, 30, 30);
+    assert_eq!(ids(&s.receive(64, 30, VIS)), vec![101]);
+    // Once its slowness is forgotten, a freed place goes to it again, and a kept
+    // one too (it is below its floor).
+    assert!(s.remove(light[0].id, light[0].receipt, 1_100));
+    assert_eq!(s.receive(64, 1_100, VIS).len(), 1);
+    assert_eq!(s.receive(64, 1_100, VIS).len(), 0, "at its floor");
 }

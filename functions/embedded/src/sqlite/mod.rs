@@ -24,6 +24,7 @@ use entrega_core::ports::{Clock, StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension};
 
 pub use db::{replayable, Durability, SqliteDb};
+pub use lanes::KeptSlots;
 
 /// The share of `--max-db-size-mb` new events may fill; the rest is headroom for the
 /// deliveries, attempts and queue rows of what was already accepted.

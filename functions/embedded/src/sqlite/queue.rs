@@ -23,7 +23,7 @@ use entrega_core::ports::{
 use rusqlite::params;
 use tokio::sync::Notify;
 
-use super::lanes::{Handout, Scheduler};
+use super::lanes::{Handout, KeptSlots, Scheduler};
 use super::{DbError, SqliteDb};
 
 /// The queue of delivery tasks.
@@ -101,10 +101,26 @@ impl SqliteQueue {
         self.scheduler.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Once `shared` messages are in flight, hand more only to groups (tenants) with
-    /// fewer than `floor` in flight.
-    pub fn keep_last_slots(&self, shared: u32, floor: u32) {
-        self.scheduler().keep_last_slots(shared, floor);
+    /// Keep the last of the worker's slots for light groups (tenants).
+    pub fn keep_last_slots(&self, slots: KeptSlots) {
+        self.scheduler().keep_last_slots(slots);
+    }
+
+    /// The attempt for the message of `receipt` has run long (see
+    /// [`Scheduler::note_slow`]); whether it was demoted out of its tenant's share of
+    /// the worker's slots (it then counts against its endpoint's cap only). In memory
+    /// only: a restart makes every message visible again anyway.
+    pub fn note_slow(&self, receipt: &str, may_demote: bool) -> bool {
+        let Some((id, number)) = parse_receipt(receipt) else {
+            return false;
+        };
+        let now = millis(self.clock.now());
+        self.scheduler().note_slow(id, number, now, may_demote)
+    }
+
+    /// Wake a consumer waiting for work (a worker slot was given up).
+    pub fn wake_consumer(&self) {
+        self.work.notify_one();
     }
 
     /// Messages in the queue, visible or not (for operators and tests).

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use entrega_embedded::runtime::{KEPT_SLOTS_PER_TENANT, SHARED_SLOTS, WORKER_SLOTS};
+use entrega_embedded::runtime::{KEPT_SLOTS, SLOW_AFTER, SLOW_SLOTS, WORKER_SLOTS};
 use serde_json::json;
 
 use crate::harness::*;
@@ -87,39 +87,70 @@ async fn a_hanging_endpoint_does_not_delay_another_tenant() {
     );
 }
 
-/// An endpoint's cap may be as large as the worker's slots, and several tenants'
-/// endpoints may hang at once, but together they never take every slot: their
-/// attempts hang for 30 s, and another tenant's still start at once.
+/// An endpoint's cap may be as large as the worker's slots, and many tenants'
+/// endpoints may hang at once, but together they never take the slots another
+/// tenant's quick attempts need: their attempts hang for 30 s, and the other's still
+/// arrive at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn tenants_hanging_with_the_largest_cap_leave_slots_for_another_tenant() {
+    // Enough to fill the slow slots and, were slow tenants allowed them, the kept.
+    const SLOW_TENANTS: usize = 16;
     let dir = TempDir::new("fairness-cap");
     let settings = json!({"timeout_ms": 30_000, "max_concurrency": 256});
-    let scene = Tenants::start(&dir, 3, settings).await;
+    let scene = Tenants::start(&dir, SLOW_TENANTS, settings).await;
     for tenant in &scene.slow_tenants {
-        for i in 0..SHARED_SLOTS {
+        for i in 0..64 {
             tenant.publish("load.test", json!({"i": i})).await;
         }
     }
     let hanging = &scene.hanging;
     eventually(
-        Duration::from_secs(20),
-        "the hanging endpoints took the shared slots",
-        || async { (hanging.count() >= SHARED_SLOTS).then_some(()) },
+        Duration::from_secs(40),
+        "the hanging endpoints took the slow slots and the shared",
+        || async { (hanging.count() >= SLOW_SLOTS + WORKER_SLOTS - KEPT_SLOTS).then_some(()) },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Past the shared slots, each tenant took kept slots only up to its small share
-    // (none if it had that many already): the rest stay free for others.
-    let taken = hanging.count();
-    assert!(
-        (SHARED_SLOTS..=SHARED_SLOTS + 3 * KEPT_SLOTS_PER_TENANT).contains(&taken)
-            && taken < WORKER_SLOTS,
-        "{taken} attempts hanging at once"
-    );
+    // Past the slow slots, hanging attempts stay in the worker's slots: give them the
+    // time to take all they may.
+    tokio::time::sleep(SLOW_AFTER * 2).await;
     let worst = probe(&scene.fast_tenant, &scene.fast).await;
     assert!(
         worst < Duration::from_secs(5),
-        "another tenant waited {worst:?} behind three hanging endpoints with cap 256"
+        "another tenant waited {worst:?} behind {SLOW_TENANTS} hanging endpoints with cap 256"
+    );
+    let taken = hanging.count();
+    assert!(
+        taken <= WORKER_SLOTS + SLOW_SLOTS,
+        "{taken} attempts hanging at once: past the bound"
+    );
+}
+
+/// A tenant's endpoint that hangs, with the largest cap, does not hold up the same
+/// tenant's other endpoint either.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endpoint_hanging_with_the_largest_cap_leaves_its_neighbour_its_turn() {
+    let dir = TempDir::new("fairness-neighbour");
+    let settings = json!({"timeout_ms": 30_000, "max_concurrency": 256, "event_types": ["load.*"]});
+    let scene = Tenants::start(&dir, 1, settings).await;
+    let tenant = &scene.slow_tenants[0];
+    let fast = Receiver::answering(200).await;
+    tenant
+        .endpoint(json!({"url": fast.url("/"), "event_types": ["probe"]}))
+        .await;
+    for i in 0..300 {
+        tenant.publish("load.test", json!({"i": i})).await;
+    }
+    let hanging = &scene.hanging;
+    eventually(
+        Duration::from_secs(20),
+        "the hanging endpoint took more than the worker's slots",
+        || async { (hanging.count() > WORKER_SLOTS * 2).then_some(()) },
+    )
+    .await;
+    let worst = probe(tenant, &fast).await;
+    assert!(
+        worst < Duration::from_secs(5),
+        "the tenant's other endpoint waited {worst:?}"
     );
 }
 
