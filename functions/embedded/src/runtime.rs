@@ -39,9 +39,15 @@ pub const KEPT_SLOTS: usize = 16;
 pub const SHARED_SLOTS: usize = WORKER_SLOTS - KEPT_SLOTS;
 /// Attempts in flight below which a tenant may take a kept slot.
 pub const KEPT_SLOTS_PER_TENANT: usize = 4;
-/// How long a tenant one of whose attempts ran past [`SLOW_AFTER`] is kept from the
-/// kept slots.
+/// How long a tenant one of whose attempts ran past [`SLOW_AFTER`] counts as slow:
+/// kept from the kept slots, and held to [`SLOW_TENANTS_SHARE`].
 pub const SLOW_MEMORY: Duration = Duration::from_secs(60);
+/// Worker slots tenants slow lately hold at once, together (attempts moved to slow
+/// slots aside): when the slow slots are all taken, their attempts stay in worker
+/// slots for their whole timeout, and without this bound they would leave a busy
+/// healthy tenant the kept slots only.
+pub const SLOW_TENANTS_SHARE: usize = 16;
+const _: () = assert!(SLOW_TENANTS_SHARE < SHARED_SLOTS);
 const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT_SLOTS);
 /// An attempt still running after this leaves its worker slot for one of the
 /// [`SLOW_SLOTS`] (when one is free): an endpoint that hangs then holds the slow
@@ -63,6 +69,7 @@ pub fn kept_slots() -> crate::sqlite::KeptSlots {
         floor: KEPT_SLOTS_PER_TENANT as u32,
         slow_memory: SLOW_MEMORY.as_millis() as i64,
         demoted_per_group: SLOW_SLOTS_PER_TENANT as u32,
+        slow_share: SLOW_TENANTS_SHARE as u32,
     }
 }
 

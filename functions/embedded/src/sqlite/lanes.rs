@@ -44,6 +44,9 @@ struct Message {
     /// In flight but no longer counted against its group's share or the shared
     /// slots ([`Scheduler::demote`]); still against its lane's cap.
     demoted: bool,
+    /// Counted in the scheduler's `slow_in_flight`: its group was slow when it was
+    /// handed out, or it was noted slow without being demoted.
+    slow_share: bool,
     /// The latest receipt handed out; only it may delete or re-hide the message.
     receipt: u64,
     receive_count: u32,
@@ -107,8 +110,10 @@ pub struct Scheduler {
     timers: BinaryHeap<Reverse<(Millis, Timer)>>,
     next_id: u64,
     next_receipt: u64,
-    /// Messages in flight, in all.
+    /// Messages in flight, in all (but demoted ones).
     in_flight: u32,
+    /// Of those, the ones counted against slow groups' share (`KeptSlots::slow_share`).
+    slow_in_flight: u32,
     /// See [`Scheduler::keep_last_slots`].
     slots: KeptSlots,
     /// Groups passed over because the shared slots were taken: back in rotation when
@@ -126,6 +131,10 @@ pub struct KeptSlots {
     pub slow_memory: Millis,
     /// Most demoted messages one group may have.
     pub demoted_per_group: u32,
+    /// Most messages of groups slow lately in flight at once (but demoted ones): they
+    /// share this many of the shared slots, so attempts that neither end nor move out
+    /// (the slow slots all taken) cannot crowd out quick ones.
+    pub slow_share: u32,
 }
 
 impl Scheduler {
@@ -143,11 +152,13 @@ impl Scheduler {
             next_id: 1,
             next_receipt: receipt_seed | 1,
             in_flight: 0,
+            slow_in_flight: 0,
             slots: KeptSlots {
                 shared: u32::MAX,
                 floor: 0,
                 slow_memory: 0,
                 demoted_per_group: u32::MAX,
+                slow_share: u32::MAX,
             },
             held_back: Vec::new(),
         }
@@ -161,8 +172,12 @@ impl Scheduler {
 
     /// Whether `group` may have one more message in flight now.
     fn may_take(&self, group: &Group, now: Millis) -> bool {
-        self.in_flight < self.slots.shared
-            || (group.in_flight < self.slots.floor && group.slow_until <= now)
+        if group.slow_until > now {
+            // Slow lately: its part of the slow groups' share, never a kept slot.
+            self.in_flight < self.slots.shared && self.slow_in_flight < self.slots.slow_share
+        } else {
+            self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
+        }
     }
 
     /// Messages held, in any state.
@@ -221,6 +236,7 @@ impl Scheduler {
                 visible_at,
                 in_flight: false,
                 demoted: false,
+                slow_share: false,
                 receipt: 0,
                 receive_count: 0,
             },
@@ -268,7 +284,8 @@ impl Scheduler {
                 self.activate(lane_id, now);
             }
             if let Some(lane_id) = taken {
-                out.push(self.hand_out(lane_id, visible_until));
+                let slow = self.groups[&group_id].slow_until > now;
+                out.push(self.hand_out(lane_id, visible_until, slow));
                 self.activate(lane_id, now);
             }
             if let Some(group) = self.groups.get_mut(&group_id) {
@@ -340,7 +357,8 @@ impl Scheduler {
         if message.in_flight {
             message.in_flight = false;
             let demoted = std::mem::take(&mut message.demoted);
-            self.leave_flight(lane_id, demoted);
+            let slow_share = std::mem::take(&mut message.slow_share);
+            self.leave_flight(lane_id, demoted, slow_share);
         } else {
             let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
             lane.ready.remove(&(message.visible_at, id));
@@ -371,17 +389,25 @@ impl Scheduler {
         let group = self.groups.get_mut(&group_id).expect("a lane's group");
         group.slow_until = now + self.slots.slow_memory;
         if !may_demote || group.demoted >= self.slots.demoted_per_group {
+            // It stays, and counts against the slow groups' share from now on.
+            if !std::mem::replace(&mut message.slow_share, true) {
+                self.slow_in_flight += 1;
+            }
             return false;
         }
         group.demoted += 1;
         message.demoted = true;
+        if std::mem::take(&mut message.slow_share) {
+            self.slow_in_flight -= 1;
+        }
         self.leave_share(group_id);
         true
     }
 
     /// One of the lane's messages is no longer in flight. Its group, and the groups
     /// held back for want of a slot, go back in rotation if they have runnable lanes.
-    fn leave_flight(&mut self, lane_id: LaneId, demoted: bool) {
+    fn leave_flight(&mut self, lane_id: LaneId, demoted: bool, slow_share: bool) {
+        self.slow_in_flight -= u32::from(slow_share);
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.in_flight -= 1;
         let group_id = lane.group;
@@ -427,7 +453,7 @@ impl Scheduler {
         }
     }
 
-    fn hand_out(&mut self, lane_id: LaneId, visible_until: Millis) -> Handout {
+    fn hand_out(&mut self, lane_id: LaneId, visible_until: Millis, slow: bool) -> Handout {
         let lane = self.lanes.get_mut(&lane_id).expect("runnable lane");
         let (_, id) = lane.ready.pop_first().expect("runnable lane has a head");
         lane.in_flight += 1;
@@ -441,6 +467,8 @@ impl Scheduler {
         let receipt = self.next_receipt;
         let message = self.messages.get_mut(&id).expect("a lane's message");
         message.in_flight = true;
+        message.slow_share = slow;
+        self.slow_in_flight += u32::from(slow);
         message.visible_at = visible_until;
         message.receipt = receipt;
         message.receive_count += 1;
@@ -508,8 +536,9 @@ impl Scheduler {
                     // Not settled in time: visible again, as SQS does.
                     message.in_flight = false;
                     let demoted = std::mem::take(&mut message.demoted);
+                    let slow_share = std::mem::take(&mut message.slow_share);
                     let (lane_id, visible_at) = (message.lane, message.visible_at);
-                    self.leave_flight(lane_id, demoted);
+                    self.leave_flight(lane_id, demoted, slow_share);
                     let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
                     lane.ready.insert((visible_at, id));
                     self.activate(lane_id, now);

@@ -10,6 +10,7 @@ fn kept(shared: u32, floor: u32) -> KeptSlots {
         floor,
         slow_memory: 1_000,
         demoted_per_group: 3,
+        slow_share: u32::MAX,
     }
 }
 
@@ -220,4 +221,40 @@ fn a_slow_group_gets_no_kept_place_and_a_bounded_number_demoted() {
     assert!(s.remove(light[0].id, light[0].receipt, 1_100));
     assert_eq!(s.receive(64, 1_100, VIS).len(), 1);
     assert_eq!(s.receive(64, 1_100, VIS).len(), 0, "at its floor");
+}
+
+#[test]
+fn slow_groups_hold_at_most_their_share_and_a_busy_quick_group_the_rest() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(KeptSlots {
+        slow_share: 3,
+        ..kept(8, 2)
+    });
+    for id in 0..20 {
+        s.insert(id, "hangs", Some("x"), 256, 0, 0);
+    }
+    let first = s.receive(1, 0, VIS);
+    // Noted slow, but no slow slot to move to: it stays, and counts against the share.
+    assert!(!s.note_slow(first[0].id, first[0].receipt, 0, false));
+    let more = s.receive(64, 0, VIS);
+    assert_eq!(more.len(), 2, "the slow groups' share of 3, with the first");
+    assert!(
+        s.receive(64, 0, VIS).is_empty(),
+        "shared places are free, the share is not"
+    );
+    // A busy quick group takes the rest of the shared places (it is past its floor).
+    for id in 0..20 {
+        s.insert(100 + id, "busy", Some("y"), 256, 1, 1);
+    }
+    let busy = s.receive(64, 1, VIS);
+    assert_eq!(busy.len(), 5);
+    // A place the busy group frees is its own again; one the slow group frees, the
+    // slow group's.
+    assert!(s.remove(busy[0].id, busy[0].receipt, 2));
+    let again = ids(&s.receive(64, 2, VIS));
+    assert!(again.len() == 1 && again[0] >= 100, "{again:?}");
+    assert!(s.remove(more[0].id, more[0].receipt, 3));
+    let next = s.receive(64, 3, VIS);
+    assert_eq!(next.len(), 1);
+    assert!(next[0].id < 100, "{:?}", ids(&next));
 }
