@@ -23,6 +23,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::fan_out::{fan_out_committed, FanOutsUnderWay};
+use crate::slow_attempts::SlowAttempts;
 use crate::sqlite::queue::SqliteQueue;
 use crate::sqlite::SqliteStore;
 
@@ -46,10 +47,11 @@ pub const SLOW_MEMORY: Duration = Duration::from_secs(60);
 /// slots aside): when the slow slots are all taken, their attempts stay in worker
 /// slots for their whole timeout, and without this bound they would leave a busy
 /// healthy tenant the kept slots only.
-pub const SLOW_TENANTS_SHARE: usize = 16;
+pub const SLOW_TENANTS_SHARE: usize = 32;
 const _: () = assert!(SLOW_TENANTS_SHARE < SHARED_SLOTS);
 const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT_SLOTS);
-/// An attempt still running after this leaves its worker slot for one of the
+/// An attempt still running after this (noticed within
+/// [`crate::slow_attempts::SLOW_CHECK_INTERVAL`]) leaves its worker slot for one of the
 /// [`SLOW_SLOTS`] (when one is free): an endpoint that hangs then holds the slow
 /// slots, not the ones every tenant's quick attempts turn over in, and it no longer
 /// counts against its tenant's share (its endpoint's cap still holds it).
@@ -163,7 +165,13 @@ impl Runtime {
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
-        let slow_slots = Arc::new(Semaphore::new(SLOW_SLOTS));
+        let attempts = SlowAttempts::default();
+        tokio::spawn(attempts.clone().watch(
+            SLOW_AFTER,
+            Arc::new(Semaphore::new(SLOW_SLOTS)),
+            self.delivery_queue.clone(),
+            shutdown.clone(),
+        ));
         let mut in_flight = JoinSet::new();
         let mut backoff = LoopBackoff::default();
         // Whether the last receive got all it asked for: only then is there a backlog
@@ -219,27 +227,12 @@ impl Runtime {
             for (message, prefetched) in received.into_iter().zip(prefetched) {
                 let permit = slots.clone().acquire_owned().await.expect("never closed");
                 let (services, conditions) = (self.services.clone(), self.conditions.clone());
-                let (queue, slow_slots) = (self.delivery_queue.clone(), slow_slots.clone());
+                let under_way = attempts.start(&message.receipt, permit);
                 in_flight.spawn(async move {
-                    let receipt = message.receipt.clone();
-                    let attempt = prefetched.scope(run_delivery(&services, &conditions, message));
-                    let mut attempt = std::pin::pin!(attempt);
-                    tokio::select! {
-                        _ = attempt.as_mut() => return,
-                        _ = tokio::time::sleep(SLOW_AFTER) => {}
-                    }
-                    // Slow: move to a slow slot, if there is one and the tenant has
-                    // not used its share of them, and give the worker slot back.
-                    let slow = slow_slots.try_acquire_owned().ok();
-                    let held = if queue.note_slow(&receipt, slow.is_some()) {
-                        drop(permit);
-                        queue.wake_consumer();
-                        (None, slow)
-                    } else {
-                        (Some(permit), None)
-                    };
-                    attempt.await;
-                    drop(held);
+                    prefetched
+                        .scope(run_delivery(&services, &conditions, message))
+                        .await;
+                    drop(under_way);
                 });
             }
         }
