@@ -12,7 +12,7 @@ pub mod notifier;
 pub mod pg_outbox;
 pub mod runtime;
 pub mod serve;
-mod slow_attempts;
+pub mod slow_attempts;
 pub mod sqlite;
 
 #[cfg(test)]
