@@ -27,8 +27,9 @@ use crate::slow_attempts::SlowAttempts;
 use crate::sqlite::queue::SqliteQueue;
 use crate::sqlite::SqliteStore;
 
-/// Attempts in flight at once across all endpoints. Per-endpoint caps keep any one
-/// endpoint to a fraction of this, which is what protects the other tenants.
+/// Attempts in flight at once across all endpoints, but the slow ones (which move to
+/// [`SLOW_SLOTS`]). Per-endpoint caps, the slow tenants' share and the kept slots
+/// below are what protect the other tenants.
 pub const WORKER_SLOTS: usize = 64;
 /// Worker slots kept for light tenants: once [`SHARED_SLOTS`] attempts are in flight,
 /// a tenant gets another only while it has fewer than [`KEPT_SLOTS_PER_TENANT`] and
