@@ -42,7 +42,7 @@ struct Message {
     visible_at: Millis,
     in_flight: bool,
     /// In flight but no longer counted against its group's share or the shared
-    /// slots ([`Scheduler::demote`]); still against its lane's cap.
+    /// slots ([`Scheduler::note_slow`]); still against its lane's cap.
     demoted: bool,
     /// Counted in the scheduler's `slow_in_flight`: its group was slow when it was
     /// handed out, or it was noted slow without being demoted.
@@ -258,8 +258,8 @@ impl Scheduler {
             };
             group.in_rotation = false;
             if !self.may_take(&self.groups[&group_id], now) {
-                // Parked with its lanes still in its rotation; a message settling
-                // puts it back (see `leave_flight`).
+                // Parked with its lanes still in its rotation; a message leaving
+                // its share puts it back (see `leave_share`).
                 let group = self.groups.get_mut(&group_id).expect("just read");
                 if !group.held_back {
                     group.held_back = true;
@@ -288,12 +288,7 @@ impl Scheduler {
                 out.push(self.hand_out(lane_id, visible_until, slow));
                 self.activate(lane_id, now);
             }
-            if let Some(group) = self.groups.get_mut(&group_id) {
-                if !group.rotation.is_empty() && !group.in_rotation {
-                    group.in_rotation = true;
-                    self.rotation.push_back(group_id);
-                }
-            }
+            self.return_to_rotation(group_id);
         }
         out
     }
@@ -355,10 +350,7 @@ impl Scheduler {
         }
         let lane_id = message.lane;
         if message.in_flight {
-            message.in_flight = false;
-            let demoted = std::mem::take(&mut message.demoted);
-            let slow_share = std::mem::take(&mut message.slow_share);
-            self.leave_flight(lane_id, demoted, slow_share);
+            self.leave_flight(id);
         } else {
             let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
             lane.ready.remove(&(message.visible_at, id));
@@ -404,10 +396,14 @@ impl Scheduler {
         true
     }
 
-    /// One of the lane's messages is no longer in flight. Its group, and the groups
-    /// held back for want of a slot, go back in rotation if they have runnable lanes.
-    fn leave_flight(&mut self, lane_id: LaneId, demoted: bool, slow_share: bool) {
-        self.slow_in_flight -= u32::from(slow_share);
+    /// The message `id` is no longer in flight. Its group, and the groups held back
+    /// for want of a slot, go back in rotation if they have runnable lanes.
+    fn leave_flight(&mut self, id: MessageId) {
+        let message = self.messages.get_mut(&id).expect("a message in flight");
+        message.in_flight = false;
+        let demoted = std::mem::take(&mut message.demoted);
+        self.slow_in_flight -= u32::from(std::mem::take(&mut message.slow_share));
+        let lane_id = message.lane;
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.in_flight -= 1;
         let group_id = lane.group;
@@ -443,6 +439,8 @@ impl Scheduler {
         }
     }
 
+    /// Put the group in the rotation of groups, unless it is there already or has no
+    /// runnable lane.
     fn return_to_rotation(&mut self, group_id: GroupId) {
         let Some(group) = self.groups.get_mut(&group_id) else {
             return;
@@ -504,10 +502,7 @@ impl Scheduler {
         let group_id = lane.group;
         let group = self.groups.get_mut(&group_id).expect("a lane's group");
         group.rotation.push_back(lane_id);
-        if !group.in_rotation {
-            group.in_rotation = true;
-            self.rotation.push_back(group_id);
-        }
+        self.return_to_rotation(group_id);
     }
 
     fn fire_timers(&mut self, now: Millis) {
@@ -534,11 +529,8 @@ impl Scheduler {
                         continue;
                     }
                     // Not settled in time: visible again, as SQS does.
-                    message.in_flight = false;
-                    let demoted = std::mem::take(&mut message.demoted);
-                    let slow_share = std::mem::take(&mut message.slow_share);
                     let (lane_id, visible_at) = (message.lane, message.visible_at);
-                    self.leave_flight(lane_id, demoted, slow_share);
+                    self.leave_flight(id);
                     let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
                     lane.ready.insert((visible_at, id));
                     self.activate(lane_id, now);

@@ -113,7 +113,7 @@ impl ApiError {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
             "Request timeout",
-            "the request body did not arrive in time",
+            super::extract::BodyTooSlow.to_string(),
         )
     }
 
