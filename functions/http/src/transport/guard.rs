@@ -32,6 +32,11 @@ pub enum TargetError {
     NoHostWritten,
     #[error("only https targets are allowed; an operator allows http with --allow-http (ENTREGA_ALLOW_HTTP=1)")]
     SchemeNotAllowed,
+    /// Not http(s) at all: no flag allows it, so the message names none.
+    #[error(
+        "a webhook target is an https:// URL (or http:// where an operator allows it), not {0}://"
+    )]
+    SchemeUnsupported(String),
     #[error("URLs with a user name or password are not allowed")]
     Credentials,
     #[error("the target address {0} is in a forbidden range (loopback, private, link-local, …); an operator allows a range with --allow-target CIDR (ENTREGA_ALLOW_TARGETS)")]
@@ -79,7 +84,8 @@ impl TargetPolicy {
         match url.scheme() {
             "https" => {}
             "http" if self.allow_http => {}
-            _ => return Err(TargetError::SchemeNotAllowed),
+            "http" => return Err(TargetError::SchemeNotAllowed),
+            other => return Err(TargetError::SchemeUnsupported(other.to_owned())),
         }
         if !url.username().is_empty() || url.password().is_some() {
             return Err(TargetError::Credentials);
@@ -363,10 +369,16 @@ mod tests {
             policy.check_url("https://u:p@example.com/"),
             Err(TargetError::Credentials)
         );
-        assert_eq!(
-            policy.check_url("ftp://example.com/"),
-            Err(TargetError::SchemeNotAllowed)
-        );
+        // No flag allows another scheme, so its refusal names none, even with http on.
+        let with_http = TargetPolicy {
+            allow_http: true,
+            ..policy.clone()
+        };
+        for p in [&policy, &with_http] {
+            let refused = p.check_url("ftp://example.com/").unwrap_err();
+            assert_eq!(refused, TargetError::SchemeUnsupported("ftp".into()));
+            assert!(!refused.to_string().contains("--allow-http"), "{refused}");
+        }
         assert_eq!(policy.check_url("not a url"), Err(TargetError::Malformed));
         for typo in [
             "https:///hooks",
