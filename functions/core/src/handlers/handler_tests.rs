@@ -108,6 +108,35 @@ async fn exhausted_delivery() -> (World, Event) {
 }
 
 #[tokio::test]
+async fn a_delivery_created_paused_from_a_lagging_endpoint_list_is_resumed() {
+    let (w, tenant) = world().await;
+    let disabled = endpoint(&w, &tenant, |e| e.disabled = true).await;
+    // The list the fan-out reads still shows the endpoint disabled; the enable (and
+    // its resume, which found nothing paused) came before the fan-out's create.
+    w.store.lag_endpoint_lists();
+    let mut enabled = w
+        .services
+        .store
+        .get_endpoint(&disabled.id)
+        .await
+        .unwrap()
+        .unwrap();
+    enabled.disabled = false;
+    w.services.store.update_endpoint(&enabled).await.unwrap();
+    let event = publish(&w, &tenant, "invoice.paid").await;
+    assert_eq!(fan_out(&w.services, &event).await.unwrap(), 1);
+    w.store.catch_up_endpoint_lists();
+    let created = deliveries(&w, &event).await;
+    assert_eq!(created[0].state, DeliveryState::Pending, "resumed at once");
+    work(&w).await;
+    assert_eq!(w.transport.requests().len(), 1, "and delivered");
+    assert_eq!(
+        deliveries(&w, &event).await[0].state,
+        DeliveryState::Delivered
+    );
+}
+
+#[tokio::test]
 async fn fan_out_makes_a_delivery_per_subscribed_endpoint_once_and_queues_only_what_waits() {
     let (w, tenant) = world().await;
     let all = endpoint(&w, &tenant, |_| {}).await;

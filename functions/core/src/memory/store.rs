@@ -49,6 +49,8 @@ pub(super) struct Data {
     remembered: HashMap<String, (String, i64)>,
     /// Deliveries the sweeper postponed: the version it read, and until when.
     pub(super) sweep_postponed: HashMap<String, (u64, chrono::DateTime<chrono::Utc>)>,
+    /// What tenants' endpoint lists answer while they lag ([`MemoryStore::lag_endpoint_lists`]).
+    listed_endpoints: Option<BTreeMap<String, Endpoint>>,
 }
 
 /// The in-memory store; cheap to clone (shared).
@@ -68,6 +70,20 @@ impl MemoryStore {
 
     pub(super) fn data(&self) -> MutexGuard<'_, Data> {
         self.data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now until [`Self::catch_up_endpoint_lists`], a tenant's endpoint list
+    /// answers the endpoints as they are now, while reads by id see every change: on
+    /// AWS the list is read from an index that lags the table, and a fan-out may act
+    /// on it.
+    pub fn lag_endpoint_lists(&self) {
+        let mut data = self.data();
+        data.listed_endpoints = Some(data.endpoints.clone());
+    }
+
+    /// Endpoint lists see every change again.
+    pub fn catch_up_endpoint_lists(&self) {
+        self.data().listed_endpoints = None;
     }
 
     fn now_secs(&self) -> i64 {
@@ -245,7 +261,9 @@ impl EndpointStore for MemoryStore {
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
         let data = self.data();
         Ok(data
-            .endpoints
+            .listed_endpoints
+            .as_ref()
+            .unwrap_or(&data.endpoints)
             .values()
             .filter(|e| e.tenant_id == *tenant)
             .cloned()
