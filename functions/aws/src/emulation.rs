@@ -4,7 +4,8 @@
 //!
 //! - the outbox table's stream → [`outbox_batch`], resuming at a reported failure;
 //! - each queue → an SQS batch event → [`delivery_batch`] / [`failure_batch`], then
-//!   deleting exactly the messages not reported as failures (Lambda's semantics);
+//!   deleting exactly the messages not reported as failures (Lambda's semantics); the
+//!   delivery queue's batches [`DELIVERY_POLLERS`] at a time, as concurrent invocations;
 //! - schedules that are due → their input sent to the target queue, then deleted
 //!   (emulators store schedules but never fire them).
 
@@ -30,6 +31,12 @@ use crate::resources::AwsResources;
 const STREAM_BATCH: i32 = 100;
 /// Messages per SQS batch event (SQS's receive maximum).
 const SQS_BATCH: i32 = 10;
+/// Delivery batches handled side by side, each by a poller of its own: Lambda's event
+/// source mapping runs up to its maximum concurrency of invocations at once (the
+/// template's `WorkerConcurrency`), and a batch lasts as long as its slowest attempt.
+/// With one poller, one endpoint that hangs held every other tenant's messages for
+/// its whole timeout. Sixteen on one machine: each idle poller long-polls the queue.
+pub const DELIVERY_POLLERS: usize = 16;
 /// Pause when a poll found nothing.
 const IDLE: Duration = Duration::from_millis(200);
 /// How often due schedules are looked for.
@@ -48,7 +55,9 @@ impl Emulation {
     pub async fn run(self, shutdown: watch::Receiver<bool>) {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().stream_loop(shutdown.clone()));
-        tasks.spawn(self.clone().queue_loop(true, shutdown.clone()));
+        for _ in 0..DELIVERY_POLLERS {
+            tasks.spawn(self.clone().queue_loop(true, shutdown.clone()));
+        }
         tasks.spawn(self.clone().queue_loop(false, shutdown.clone()));
         tasks.spawn(self.schedule_loop(shutdown));
         while tasks.join_next().await.is_some() {}

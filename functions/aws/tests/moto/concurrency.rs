@@ -9,6 +9,7 @@ use entrega_aws::lambda::delivery_batch;
 use entrega_core::endpoint::Endpoint;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::ports::SystemClock;
+use entrega_core::retry::RetrySpec;
 use entrega_testkit::{eventually, Receiver, Reply};
 use serde_json::json;
 
@@ -159,4 +160,65 @@ async fn a_long_wait_for_a_slot_is_sent_again_not_dead_lettered() {
     .await;
     assert_eq!(fresh.body(), message[0].body(), "the same task");
     assert_eq!(receiver.count(), 0, "nothing sent while the slot was taken");
+}
+
+/// `serve --backend aws` hands the delivery queue's batches to several invocations at
+/// once, as Lambda does: one tenant's endpoint that hangs holds its own batch, not
+/// the messages of the tenants behind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hanging_endpoint_holds_its_own_batch_not_another_tenants() {
+    const HANG: Duration = Duration::from_secs(40);
+    let stack = Stack::start().await;
+    let s = stack.services.clone();
+    let slow_tenant = tenant(&s).await;
+    let hanging = Receiver::start(vec![], Reply::status(200).after(HANG)).await;
+    let slow = endpoint(&s, &slow_tenant, hanging.url("/slow"), RetrySpec::default()).await;
+    let slow = s
+        .store
+        .update_endpoint(&Endpoint {
+            timeout_ms: 30_000,
+            ..slow
+        })
+        .await
+        .unwrap();
+    // The attempts end at the endpoint's timeout: the other tenant's event must come
+    // well before that.
+    let timeout = Duration::from_millis(u64::from(slow.timeout_ms));
+    assert!(timeout < HANG && slow.max_concurrency >= 3);
+    for n in 0..3 {
+        let stuck = event(
+            &s,
+            &slow_tenant,
+            "order.created",
+            &format!(r#"{{"n":{n}}}"#),
+        );
+        s.store.publish(&stuck).await.unwrap();
+    }
+    eventually(Duration::from_secs(30), "the hanging attempts", || async {
+        (hanging.count() == 3).then_some(())
+    })
+    .await;
+
+    let other_tenant = tenant(&s).await;
+    let quick = Receiver::answering(204).await;
+    endpoint(&s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
+    let published = std::time::Instant::now();
+    let theirs = event(&s, &other_tenant, "order.created", "{}");
+    s.store.publish(&theirs).await.unwrap();
+    eventually(
+        timeout / 2,
+        "the other tenant's event, while the first still hang",
+        || async { (quick.count() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(quick.got()[0].header("webhook-id"), theirs.id.as_str());
+    assert_eq!(
+        hanging.count(),
+        3,
+        "the hanging attempts are still the only ones"
+    );
+    println!(
+        "the other tenant's event arrived {:?} after it was published",
+        published.elapsed()
+    );
 }
