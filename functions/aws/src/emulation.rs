@@ -37,6 +37,9 @@ const SQS_BATCH: i32 = 10;
 /// With one poller, one endpoint that hangs held every other tenant's messages for
 /// its whole timeout. Sixteen on one machine: each idle poller long-polls the queue.
 pub const DELIVERY_POLLERS: usize = 16;
+/// The slow endpoints' share of the pollers, as the Lambda worker's of its
+/// concurrency ([`crate::function::slow_endpoint_share`]).
+pub const SLOW_ENDPOINT_SHARE: u32 = crate::function::slow_endpoint_share(DELIVERY_POLLERS as u32);
 /// Pause when a poll found nothing.
 const IDLE: Duration = Duration::from_millis(200);
 /// How often due schedules are looked for.

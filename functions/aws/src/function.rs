@@ -69,15 +69,36 @@ async fn start(
     Ok((services, clients, resources))
 }
 
+/// The share of the worker's concurrency that attempts at endpoints slow lately hold
+/// at most, together ([`Settings::slow_endpoint_share`]): half, so that the other half
+/// is always there for endpoints that answer, however many others hang.
+pub const SLOW_ENDPOINT_SHARE_PERCENT: u32 = 50;
+/// The template's default `WorkerConcurrency`, for an environment that names none.
+pub const DEFAULT_WORKER_CONCURRENCY: u32 = 100;
+
+/// The slow endpoints' share of a worker running `worker_concurrency` invocations.
+pub const fn slow_endpoint_share(worker_concurrency: u32) -> u32 {
+    let share = worker_concurrency.saturating_mul(SLOW_ENDPOINT_SHARE_PERCENT) / 100;
+    if share == 0 {
+        1
+    } else {
+        share
+    }
+}
+
 /// The operator's settings from the environment (the template's parameters).
 pub fn settings_from_env() -> Settings {
     let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     let defaults = Settings::default();
+    let worker_concurrency = number("ENTREGA_WORKER_CONCURRENCY")
+        .and_then(|c| u32::try_from(c).ok())
+        .unwrap_or(DEFAULT_WORKER_CONCURRENCY);
     Settings {
         alert_threshold: number("ENTREGA_ALERT_THRESHOLD").unwrap_or(defaults.alert_threshold),
         unhealthy_after: number("ENTREGA_UNHEALTHY_AFTER_DAYS")
             .map(|d| std::time::Duration::from_secs(d * 86_400))
             .unwrap_or(defaults.unhealthy_after),
+        slow_endpoint_share: slow_endpoint_share(worker_concurrency),
         ..defaults
     }
 }

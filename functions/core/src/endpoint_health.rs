@@ -23,6 +23,14 @@ pub const OUTAGE_AFTER: Duration = Duration::from_secs(60);
 /// the endpoint counts as recovered.
 pub const RECOVERY_AFTER: Duration = Duration::from_secs(60);
 
+/// An attempt that runs this long marks its endpoint slow: half the default timeout,
+/// far beyond what a receiver that answers at once takes.
+pub const SLOW_ATTEMPT: Duration = Duration::from_secs(5);
+/// How long an endpoint stays slow after its last slow attempt: long enough that an
+/// endpoint that hangs is not let out of the slow share between its attempts (each
+/// lasts a timeout, and a hidden message comes back within a minute).
+pub const SLOW_FOR: Duration = Duration::from_secs(600);
+
 /// The health record of one endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointHealth {
@@ -35,6 +43,10 @@ pub struct EndpointHealth {
     /// The first success of a recovery still being confirmed.
     #[serde(default)]
     pub recovering_since: Option<DateTime<Utc>>,
+    /// Until when the endpoint counts as slow: an attempt at it ran
+    /// [`SLOW_ATTEMPT`] or more (or timed out) within [`SLOW_FOR`] before this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_until: Option<DateTime<Utc>>,
     /// Optimistic-concurrency version of this record alone.
     #[serde(default)]
     pub version: u64,
@@ -90,6 +102,26 @@ pub fn observe(
     (changed.then_some(next), events)
 }
 
+impl EndpointHealth {
+    /// Whether the endpoint counts as slow at `now`.
+    pub fn is_slow(&self, now: DateTime<Utc>) -> bool {
+        self.slow_until.is_some_and(|until| until > now)
+    }
+}
+
+/// The record after a slow attempt at `now`: slow for [`SLOW_FOR`] from now. `None`
+/// (nothing to write) while the mark still has more than half of that to run, so an
+/// endpoint that hangs costs a health write every five minutes, not every attempt.
+pub fn mark_slow(health: &EndpointHealth, now: DateTime<Utc>) -> Option<EndpointHealth> {
+    let half = chrono::Duration::from_std(SLOW_FOR / 2).unwrap_or(chrono::Duration::MAX);
+    if health.slow_until.is_some_and(|until| until - now > half) {
+        return None;
+    }
+    let mut next = health.clone();
+    next.slow_until = Some(now + chrono::Duration::from_std(SLOW_FOR).unwrap_or(half));
+    Some(next)
+}
+
 fn elapsed(since: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
     (now - since).to_std().unwrap_or(Duration::ZERO)
 }
@@ -117,6 +149,18 @@ mod tests {
                 .count();
         }
         (recovered, writes)
+    }
+
+    #[test]
+    fn a_slow_attempt_marks_the_endpoint_slow_for_a_while_with_few_writes() {
+        let t0 = Utc::now();
+        let at = |s: i64| t0 + chrono::Duration::seconds(s);
+        let marked = mark_slow(&EndpointHealth::default(), t0).expect("a first mark is written");
+        assert!(marked.is_slow(at(0)) && marked.is_slow(at(599)));
+        assert!(!marked.is_slow(at(600)), "and it wears off");
+        assert_eq!(mark_slow(&marked, at(299)), None, "fresh enough: no write");
+        let renewed = mark_slow(&marked, at(301)).expect("renewed past half its time");
+        assert!(renewed.is_slow(at(900)));
     }
 
     #[test]

@@ -473,6 +473,11 @@ pub struct Settings {
     pub max_unacknowledged_age: Duration,
     /// Waiting deliveries per tenant past which publishing answers 429.
     pub max_backlog: u64,
+    /// Attempts at endpoints slow lately in flight at once, all together, across every
+    /// worker (0: no such share). On AWS a slice of the worker's concurrency, so that
+    /// endpoints that hang never hold every invocation; the embedded runtime moves
+    /// slow attempts out of its worker slots instead, and keeps none.
+    pub slow_endpoint_share: u32,
 }
 
 /// Waiting deliveries per tenant past which publishing is refused (DESIGN.md).
@@ -485,6 +490,7 @@ impl Default for Settings {
             unhealthy_after: crate::handlers::health::DEFAULT_UNHEALTHY_AFTER,
             max_unacknowledged_age: crate::handlers::age::MAX_UNACKNOWLEDGED_AGE,
             max_backlog: DEFAULT_MAX_BACKLOG,
+            slow_endpoint_share: 0,
         }
     }
 }

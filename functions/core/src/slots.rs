@@ -19,24 +19,35 @@ use chrono::{DateTime, Utc};
 use crate::ids::EndpointId;
 use crate::ports::StoreResult;
 
-/// One slot of an endpoint, held by one attempt until `until`.
+/// What a set of slots caps.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SlotPool {
+    /// One endpoint's attempts: its `max_concurrency`.
+    Endpoint(EndpointId),
+    /// The attempts at every endpoint slow lately, together: the worker's share for
+    /// them ([`crate::ports::Settings::slow_endpoint_share`]), so that endpoints that
+    /// hang never hold every invocation of the worker.
+    SlowEndpoints,
+}
+
+/// One slot of a pool, held by one attempt until `until`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotLease {
-    pub endpoint_id: EndpointId,
+    pub pool: SlotPool,
     pub slot: u32,
     /// Who holds it (the delivery and its attempt), so only the holder releases it.
     pub holder: String,
     pub until: DateTime<Utc>,
 }
 
-/// The slots of every endpoint.
+/// The slots of every pool.
 #[async_trait]
 pub trait EndpointSlots: Send + Sync {
-    /// One of `endpoint`'s `limit` slots for `holder` until `now + lease`, or `None`
+    /// One of `pool`'s `limit` slots for `holder` until `now + lease`, or `None`
     /// when every slot is held by a lease still running.
     async fn acquire(
         &self,
-        endpoint: &EndpointId,
+        pool: &SlotPool,
         limit: u32,
         holder: &str,
         now: DateTime<Utc>,
@@ -51,7 +62,7 @@ pub trait EndpointSlots: Send + Sync {
 /// worker) and tests.
 #[derive(Debug, Default)]
 pub struct InProcessSlots {
-    held: Mutex<HashMap<EndpointId, Vec<Option<Holder>>>>,
+    held: Mutex<HashMap<SlotPool, Vec<Option<Holder>>>>,
 }
 
 /// Who holds a slot, and until when.
@@ -61,7 +72,7 @@ type Holder = (String, DateTime<Utc>);
 impl EndpointSlots for InProcessSlots {
     async fn acquire(
         &self,
-        endpoint: &EndpointId,
+        pool: &SlotPool,
         limit: u32,
         holder: &str,
         now: DateTime<Utc>,
@@ -69,7 +80,7 @@ impl EndpointSlots for InProcessSlots {
     ) -> StoreResult<Option<SlotLease>> {
         let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let slots = held.entry(endpoint.clone()).or_default();
+        let slots = held.entry(pool.clone()).or_default();
         let limit = limit.max(1) as usize;
         if slots.len() < limit {
             slots.resize(limit, None);
@@ -81,7 +92,7 @@ impl EndpointSlots for InProcessSlots {
         Ok(free.map(|slot| {
             slots[slot] = Some((holder.to_owned(), until));
             SlotLease {
-                endpoint_id: endpoint.clone(),
+                pool: pool.clone(),
                 slot: slot as u32,
                 holder: holder.to_owned(),
                 until,
@@ -90,7 +101,7 @@ impl EndpointSlots for InProcessSlots {
     }
 
     async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
-        self.release_holder(&lease.endpoint_id, &lease.holder);
+        self.release_holder(&lease.pool, &lease.holder);
         Ok(())
     }
 }
@@ -118,23 +129,16 @@ impl<S> LocalFirstSlots<S> {
 impl<S: EndpointSlots> EndpointSlots for LocalFirstSlots<S> {
     async fn acquire(
         &self,
-        endpoint: &EndpointId,
+        pool: &SlotPool,
         limit: u32,
         holder: &str,
         now: DateTime<Utc>,
         lease: Duration,
     ) -> StoreResult<Option<SlotLease>> {
-        let Some(local) = self
-            .local
-            .acquire(endpoint, limit, holder, now, lease)
-            .await?
-        else {
+        let Some(local) = self.local.acquire(pool, limit, holder, now, lease).await? else {
             return Ok(None);
         };
-        let shared = self
-            .shared
-            .acquire(endpoint, limit, holder, now, lease)
-            .await;
+        let shared = self.shared.acquire(pool, limit, holder, now, lease).await;
         if !matches!(shared, Ok(Some(_))) {
             self.local.release(&local).await?;
         }
@@ -142,18 +146,18 @@ impl<S: EndpointSlots> EndpointSlots for LocalFirstSlots<S> {
     }
 
     async fn release(&self, lease: &SlotLease) -> StoreResult<()> {
-        self.local.release_holder(&lease.endpoint_id, &lease.holder);
+        self.local.release_holder(&lease.pool, &lease.holder);
         self.shared.release(lease).await
     }
 }
 
 impl InProcessSlots {
-    /// Free whichever slot of `endpoint` `holder` holds (a holder is one ask: the
+    /// Free whichever slot of `pool` `holder` holds (a holder is one ask: the
     /// worker makes each unique). Found by holder, not number, so [`LocalFirstSlots`]
     /// frees its local slot with the shared store's lease.
-    fn release_holder(&self, endpoint: &EndpointId, holder: &str) {
+    fn release_holder(&self, pool: &SlotPool, holder: &str) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slots) = held.get_mut(endpoint) {
+        if let Some(slots) = held.get_mut(pool) {
             for slot in slots.iter_mut() {
                 if slot.as_ref().is_some_and(|(h, _)| h == holder) {
                     *slot = None;

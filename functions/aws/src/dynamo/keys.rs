@@ -12,6 +12,7 @@ use chrono::{TimeZone, Utc};
 use entrega_core::delivery::Attempt;
 use entrega_core::event::format_timestamp;
 use entrega_core::ids::{DeliveryId, EndpointId, FailureId, TenantId};
+use entrega_core::slots::SlotPool;
 
 /// One GSI: its name and key attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,11 +154,15 @@ pub fn backlog(tenant: &TenantId, shard: u8) -> String {
     sharded(&format!("BACKLOG#{tenant}"), shard)
 }
 
-/// Slot `slot` of an endpoint's concurrency cap. Each slot is its own partition: at
-/// 1 000 attempts a second to one endpoint, every slot is written twice per attempt
-/// it holds, and one partition for all of them would take 2 000 writes a second.
-pub fn endpoint_slot(endpoint: &EndpointId, slot: u32) -> String {
-    format!("SLOT#{endpoint}#{slot}")
+/// Slot `slot` of a pool: an endpoint's concurrency cap, or the share of the slow
+/// endpoints. Each slot is its own partition: at 1 000 attempts a second to one
+/// endpoint, every slot is written twice per attempt it holds, and one partition for
+/// all of them would take 2 000 writes a second.
+pub fn slot(pool: &SlotPool, slot: u32) -> String {
+    match pool {
+        SlotPool::Endpoint(endpoint) => format!("SLOT#{endpoint}#{slot}"),
+        SlotPool::SlowEndpoints => format!("SLOT#SLOW_ENDPOINTS#{slot}"),
+    }
 }
 
 // Index partitions.

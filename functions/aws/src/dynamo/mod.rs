@@ -41,6 +41,7 @@
 //! | leave a swept delivery out of the sweeper's question (`postpone_sweep`) | gsi5 `sk` of its item, main `D#<day>#<0..3f>` | UpdateItem of the sort key only, conditional on `version` |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
+//! | the slow endpoints' share (worker, for an endpoint slow lately) | main `SLOT#SLOW_ENDPOINTS#<n>`, one partition each | the same |
 //!
 //! On the delivery path (fan-out, one attempt) every write is a single-item write of an
 //! item under 1 KiB: no transaction (they cost double), no index copy rewritten by a

@@ -1,13 +1,12 @@
-//! Endpoint slots on DynamoDB: one item per slot, taken by a conditional write that
+//! Slots (an endpoint's cap, the slow endpoints' share) on DynamoDB: one item per slot, taken by a conditional write that
 //! succeeds only on a free or expired slot, so two invocations never hold one slot.
 //! Probing a few random slots (not all of them) bounds what a busy endpoint costs: a
 //! failed conditional write is billed like a successful one.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use entrega_core::ids::EndpointId;
 use entrega_core::ports::StoreResult;
-use entrega_core::slots::{EndpointSlots, SlotLease};
+use entrega_core::slots::{EndpointSlots, SlotLease, SlotPool};
 
 use super::*;
 
@@ -21,7 +20,7 @@ const SLOT_ITEM_TTL: chrono::Duration = chrono::Duration::days(1);
 impl EndpointSlots for DynamoStore {
     async fn acquire(
         &self,
-        endpoint: &EndpointId,
+        pool: &SlotPool,
         limit: u32,
         holder: &str,
         now: DateTime<Utc>,
@@ -36,7 +35,7 @@ impl EndpointSlots for DynamoStore {
                 .client
                 .update_item()
                 .table_name(&self.main_table)
-                .set_key(Some(key(keys::endpoint_slot(endpoint, slot))))
+                .set_key(Some(key(keys::slot(pool, slot))))
                 .update_expression("SET holder = :holder, lease_until = :until, #ttl = :ttl")
                 // Our own holder too: an SDK retry of a write that was applied, but
                 // whose answer was lost, must find the slot ours, not taken.
@@ -53,7 +52,7 @@ impl EndpointSlots for DynamoStore {
             match taken {
                 Ok(_) => {
                     return Ok(Some(SlotLease {
-                        endpoint_id: endpoint.clone(),
+                        pool: pool.clone(),
                         slot,
                         holder: holder.to_owned(),
                         until,
@@ -71,10 +70,7 @@ impl EndpointSlots for DynamoStore {
             .client
             .update_item()
             .table_name(&self.main_table)
-            .set_key(Some(key(keys::endpoint_slot(
-                &lease.endpoint_id,
-                lease.slot,
-            ))))
+            .set_key(Some(key(keys::slot(&lease.pool, lease.slot))))
             .update_expression("REMOVE holder, lease_until")
             .condition_expression("holder = :holder")
             .expression_attribute_values(":holder", s(lease.holder.clone()))

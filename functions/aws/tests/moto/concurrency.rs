@@ -10,6 +10,7 @@ use entrega_core::endpoint::Endpoint;
 use entrega_core::handlers::fanout::fan_out;
 use entrega_core::ports::SystemClock;
 use entrega_core::retry::RetrySpec;
+use entrega_core::slots::SlotPool;
 use entrega_testkit::{eventually, Receiver, Reply};
 use serde_json::json;
 
@@ -130,7 +131,13 @@ async fn a_long_wait_for_a_slot_is_sent_again_not_dead_lettered() {
     // Another invocation holds the endpoint's only slot.
     let held = s
         .slots
-        .acquire(&ep.id, 1, "other", s.clock.now(), Duration::from_secs(60))
+        .acquire(
+            &SlotPool::Endpoint(ep.id.clone()),
+            1,
+            "other",
+            s.clock.now(),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert!(held.is_some());
@@ -221,4 +228,61 @@ async fn a_hanging_endpoint_holds_its_own_batch_not_another_tenants() {
         "the other tenant's event arrived {:?} after it was published",
         published.elapsed()
     );
+}
+
+/// Endpoints slow lately hold at most the slow share of the worker together, however
+/// many of them hang and however many messages wait for them, so the other
+/// invocations stay free for the tenants whose endpoints answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn endpoints_that_hang_hold_at_most_the_slow_share_together() {
+    const HANGING_ENDPOINTS: usize = 20;
+    const EVENTS_EACH: usize = 10;
+    const SHARE: usize = entrega_aws::emulation::SLOW_ENDPOINT_SHARE as usize;
+    let stack = Stack::start().await;
+    let s = stack.services.clone();
+    // One receiver behind every hanging endpoint: its peak of requests in flight is
+    // theirs together, while none has reached its timeout (30 s; it answers later).
+    let hanging = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(90))).await;
+    let mut slow = Vec::new();
+    for i in 0..HANGING_ENDPOINTS {
+        let t = tenant(&s).await;
+        let ep = endpoint(&s, &t, hanging.url(&format!("/h{i}")), RetrySpec::default()).await;
+        let ep = s
+            .store
+            .update_endpoint(&Endpoint {
+                timeout_ms: entrega_core::endpoint::MAX_TIMEOUT_MS,
+                ..ep
+            })
+            .await
+            .unwrap();
+        // Slow lately (an earlier attempt timed out; `worker_tests` covers the mark).
+        let now = s.clock.now();
+        let marked = entrega_core::endpoint_health::mark_slow(&ep.health, now).unwrap();
+        s.store
+            .update_endpoint_health(&ep.id, &marked)
+            .await
+            .unwrap();
+        slow.push(t);
+    }
+    // Their caps (8 each) would let 160 attempts hang, every poller's batch.
+    let started = std::time::Instant::now();
+    for n in 0..EVENTS_EACH {
+        for t in &slow {
+            let e = event(&s, t, "order.created", &format!(r#"{{"n":{n}}}"#));
+            s.store.publish(&e).await.unwrap();
+        }
+    }
+    eventually(Duration::from_secs(20), "the share taken", || async {
+        (hanging.count() >= SHARE).then_some(())
+    })
+    .await;
+    // Every message has been received by now: with the share, the rest wait hidden.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (peak, count) = (hanging.peak_in_flight(), hanging.count());
+    assert!(
+        started.elapsed() < Duration::from_secs(29),
+        "too slow to tell: an attempt may have timed out and freed its place"
+    );
+    println!("{count} attempts at the hanging endpoints, at most {peak} at once");
+    assert_eq!(peak, SHARE, "slow endpoints hold the share, and no more");
 }

@@ -249,13 +249,13 @@ async fn failing_for_the_configured_days_disables_an_endpoint_and_tells_its_owne
         async move { store.get_endpoint(&id).await.unwrap().unwrap() }
     };
     for _ in 0..3 {
-        health::observe(&w.services, &current(&w).await, false, w.clock.now())
+        health::observe(&w.services, &current(&w).await, false, false, w.clock.now())
             .await
             .unwrap();
         assert!(!current(&w).await.disabled, "not yet");
         w.clock.advance(Duration::from_secs(86_400));
     }
-    health::observe(&w.services, &current(&w).await, false, w.clock.now())
+    health::observe(&w.services, &current(&w).await, false, false, w.clock.now())
         .await
         .unwrap();
     assert!(
@@ -263,14 +263,14 @@ async fn failing_for_the_configured_days_disables_an_endpoint_and_tells_its_owne
         "three days exactly is not past the limit"
     );
     w.clock.advance(Duration::from_secs(1));
-    health::observe(&w.services, &current(&w).await, false, w.clock.now())
+    health::observe(&w.services, &current(&w).await, false, false, w.clock.now())
         .await
         .unwrap();
     assert!(
         current(&w).await.disabled,
         "failing every attempt for over three days"
     );
-    health::observe(&w.services, &current(&w).await, false, w.clock.now())
+    health::observe(&w.services, &current(&w).await, false, false, w.clock.now())
         .await
         .unwrap();
     let told = w
@@ -390,7 +390,7 @@ async fn the_end_of_a_real_outage_is_published_once_and_a_flap_publishes_nothing
         let (services, now) = (w.services.clone(), w.clock.now());
         let current = current(w);
         async move {
-            health::observe(&services, &current.await, ok, now)
+            health::observe(&services, &current.await, ok, false, now)
                 .await
                 .unwrap()
         }

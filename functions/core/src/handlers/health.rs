@@ -27,19 +27,27 @@ const NOTICE_CLAIM_TTL: Duration = Duration::from_secs(24 * 3600);
 /// is redone by the next attempt's outcome anyway).
 const WRITE_TRIES: usize = 5;
 
-/// Record the outcome of an attempt at `endpoint`.
+/// Record the outcome of an attempt at `endpoint`, and whether it was `slow`
+/// ([`endpoint_health::SLOW_ATTEMPT`] or more).
 pub async fn observe(
     services: &Services,
     endpoint: &Endpoint,
     succeeded: bool,
+    slow: bool,
     now: DateTime<Utc>,
 ) -> StoreResult<()> {
     let mut health = endpoint.health.clone();
     let mut events = Vec::new();
     for _ in 0..WRITE_TRIES {
-        let (next, happened) =
+        let (mut next, happened) =
             endpoint_health::observe(&health, succeeded, now, services.settings.unhealthy_after);
         events = happened;
+        if slow {
+            if let Some(marked) = endpoint_health::mark_slow(next.as_ref().unwrap_or(&health), now)
+            {
+                next = Some(marked);
+            }
+        }
         let Some(next) = next else { break };
         match services
             .store

@@ -7,8 +7,11 @@ use tracing::{info_span, Instrument};
 
 use crate::delivery::{Attempt, Delivery, DeliveryState};
 use crate::endpoint::{DeliveryMode, Endpoint};
+use crate::endpoint_health::SLOW_ATTEMPT;
+use crate::outcome::FailureKind;
 use crate::ports::{AttemptMetric, PendingWrite, RngOf, Services, StoreError, StoreResult};
 use crate::retry::{RetryPolicy, RetrySpec};
+use crate::slots::{SlotLease, SlotPool};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
 use super::follow_up::{carry_out, requeue, settle_terminal};
@@ -123,16 +126,24 @@ async fn deliver(
     // The slot is taken before the "delivering" write: a busy endpoint leaves the
     // delivery as it was, and its message comes back later, instead of holding a
     // delivery lease nobody is using.
-    let slot = match take_slot(services, task, &endpoint, &delivery, receive_count, lease).await? {
-        Ok(slot) => slot,
+    let slots = match take_slots(services, task, &endpoint, &delivery, receive_count, lease).await?
+    {
+        Ok(slots) => slots,
         Err(busy) => return Ok(busy),
     };
     let outcome = attempt.run(services, &delivery, step).await;
-    if let Err(e) = services.slots.release(&slot).await {
-        // The slot frees itself when its lease ends; only that much capacity is lost.
-        tracing::warn!(error = %e, "could not release the endpoint slot");
-    }
+    release(services, &slots).await;
     outcome
+}
+
+/// Give `slots` back. One that cannot be frees itself when its lease ends; only that
+/// much capacity is lost meanwhile.
+async fn release(services: &Services, slots: &[SlotLease]) {
+    for slot in slots {
+        if let Err(e) = services.slots.release(slot).await {
+            tracing::warn!(error = %e, pool = ?slot.pool, "could not release a slot");
+        }
+    }
 }
 
 /// What a message leads to in the store.
@@ -222,16 +233,24 @@ async fn skipped(
     }
 }
 
-/// One of the endpoint's `max_concurrency` slots, or (every one taken) what to do
-/// with the message meanwhile.
-async fn take_slot(
+/// The slots an attempt holds while it runs: one of its endpoint's `max_concurrency`,
+/// and, for an endpoint slow lately where the runtime keeps a share for them, one of
+/// the slow endpoints' share. Or, when a pool has none free, what to do with the
+/// message meanwhile.
+///
+/// Why the share: on AWS an invocation lasts as long as its slowest attempt, so
+/// endpoints that hang, a few attempts each up to their caps, could hold every
+/// invocation of the worker, and every other tenant's messages would wait behind them.
+/// The share bounds how many invocations they hold together; the rest stay for
+/// endpoints that answer.
+async fn take_slots(
     services: &Services,
     task: &DeliveryTask,
     endpoint: &Endpoint,
     delivery: &Delivery,
     receive_count: u32,
     lease: Duration,
-) -> StoreResult<Result<crate::slots::SlotLease, Disposition>> {
+) -> StoreResult<Result<Vec<SlotLease>, Disposition>> {
     // Unique per ask: a duplicate message's attempt must not release this one's slot,
     // and a store that retries a write it already applied recognises it as ours.
     let holder = format!(
@@ -242,14 +261,47 @@ async fn take_slot(
         services.random.next_u64()
     );
     let now = services.clock.now();
-    if let Some(slot) = services
-        .slots
-        .acquire(&endpoint.id, endpoint.max_concurrency, &holder, now, lease)
-        .await?
-    {
-        return Ok(Ok(slot));
+    let mut pools = Vec::with_capacity(2);
+    let share = services.settings.slow_endpoint_share;
+    if share > 0 && endpoint.health.is_slow(now) {
+        // The share first: while slow endpoints hang it is the pool that is full, and
+        // a message that must wait then costs no write of its endpoint's slot.
+        pools.push((SlotPool::SlowEndpoints, share));
     }
-    tracing::debug!("every slot of the endpoint is taken");
+    pools.push((
+        SlotPool::Endpoint(endpoint.id.clone()),
+        endpoint.max_concurrency,
+    ));
+    let mut held = Vec::with_capacity(pools.len());
+    for (pool, limit) in pools {
+        match services
+            .slots
+            .acquire(&pool, limit, &holder, now, lease)
+            .await
+        {
+            Ok(Some(slot)) => held.push(slot),
+            Ok(None) => {
+                release(services, &held).await;
+                tracing::debug!(?pool, "every slot of the pool is taken");
+                return busy(services, task, endpoint, receive_count).await.map(Err);
+            }
+            Err(e) => {
+                release(services, &held).await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(Ok(held))
+}
+
+/// What becomes of a message whose attempt found no free slot: hidden for a while,
+/// longer on each receive, or sent again after many.
+async fn busy(
+    services: &Services,
+    task: &DeliveryTask,
+    endpoint: &Endpoint,
+    receive_count: u32,
+) -> StoreResult<Disposition> {
     let wait = super::backoff(
         receive_count,
         SLOTS_BUSY_BACKOFF,
@@ -259,9 +311,9 @@ async fn take_slot(
     if receive_count >= SLOTS_BUSY_RESEND_AFTER {
         let fresh = task.message(endpoint.max_concurrency, wait);
         services.deliveries.send(vec![fresh]).await?;
-        return Ok(Err(Disposition::Done));
+        return Ok(Disposition::Done);
     }
-    Ok(Err(Disposition::RetryIn(wait)))
+    Ok(Disposition::RetryIn(wait))
 }
 
 /// A step `begin` decided, for one message at one endpoint under its policy.
@@ -395,6 +447,8 @@ impl Attempting<'_> {
     ) -> StoreResult<Disposition> {
         attempts.extend(step.attempts());
         let succeeded = report.result.failure_kind().is_none();
+        let slow = report.duration >= SLOW_ATTEMPT
+            || report.result.failure_kind() == Some(FailureKind::Timeout);
         let saved = match services
             .store
             .save_delivery(&step.delivery, &attempts)
@@ -406,14 +460,14 @@ impl Attempting<'_> {
                 // still happened, and the store kept its record (under its own
                 // generation); the resend queued its own message, so this one has
                 // nothing left to do.
-                health::observe(services, self.endpoint, succeeded, now).await?;
+                health::observe(services, self.endpoint, succeeded, slow, now).await?;
                 return Ok(Disposition::Done);
             }
             Err(e) => return Err(e),
         };
         left_waiting(services, delivery.state, &saved).await?;
         if !step.actions.contains(&Action::DisableEndpoint) {
-            health::observe(services, self.endpoint, succeeded, now).await?;
+            health::observe(services, self.endpoint, succeeded, slow, now).await?;
         }
         carry_out(services, self.task, self.endpoint, &saved, &step.actions).await
     }

@@ -451,7 +451,7 @@ async fn a_busy_endpoint_hides_the_message_instead_of_waiting() {
         .services
         .slots
         .acquire(
-            &c.endpoint.id,
+            &SlotPool::Endpoint(c.endpoint.id.clone()),
             1,
             "another",
             c.world.clock.now(),
@@ -472,4 +472,81 @@ async fn a_busy_endpoint_hides_the_message_instead_of_waiting() {
     }
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Pending);
     assert!(c.world.transport.requests().is_empty());
+}
+
+/// Where the runtime keeps a share for endpoints slow lately (AWS), an attempt that
+/// timed out marks its endpoint slow, and its next attempts wait for a place in the
+/// share instead of holding another invocation.
+#[tokio::test]
+async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
+    let mut c = case(|_| {}).await;
+    c.world.services.settings.slow_endpoint_share = 1;
+    c.world
+        .transport
+        .then([crate::outcome::TransportResult::Failed {
+            kind: FailureKind::Timeout,
+            message: "no answer within 10 s".into(),
+        }]);
+    c.publish().await;
+    assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
+    let marked = c
+        .world
+        .services
+        .store
+        .get_endpoint(&c.endpoint.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(marked.health.is_slow(c.world.clock.now()), "marked slow");
+
+    // Another slow endpoint's attempt holds the share's one place.
+    let held = c
+        .world
+        .services
+        .slots
+        .acquire(
+            &SlotPool::SlowEndpoints,
+            1,
+            "another",
+            c.world.clock.now(),
+            HIDE,
+        )
+        .await
+        .unwrap()
+        .expect("the share's place");
+    let waiting = c.publish().await;
+    assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
+    assert_eq!(c.world.transport.requests().len(), 1, "nothing more sent");
+    assert_eq!(c.delivery(&waiting.id).await.state, DeliveryState::Pending);
+
+    // The place given back, it goes; and with no share kept (the embedded runtime),
+    // a slow endpoint's attempt never waits for one.
+    c.world.services.slots.release(&held).await.unwrap();
+    c.advance(SLOTS_BUSY_BACKOFF.as_secs() + 1);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(
+        c.delivery(&waiting.id).await.state,
+        DeliveryState::Delivered
+    );
+    c.world.services.settings.slow_endpoint_share = 0;
+    let held = c
+        .world
+        .services
+        .slots
+        .acquire(
+            &SlotPool::SlowEndpoints,
+            1,
+            "again",
+            c.world.clock.now(),
+            HIDE,
+        )
+        .await
+        .unwrap();
+    assert!(held.is_some());
+    let unshared = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(
+        c.delivery(&unshared.id).await.state,
+        DeliveryState::Delivered
+    );
 }

@@ -154,18 +154,30 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     };
 
     // A failing stretch of four days: still enabled.
-    observe(&services, &current(&services).await, false, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        false,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     let started = current(&services)
         .await
         .health
         .failing_since
         .expect("the stretch starts");
     clock.advance(Duration::from_secs(4 * 86_400));
-    observe(&services, &current(&services).await, false, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        false,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     assert!(!current(&services).await.disabled);
     assert_eq!(
         current(&services).await.health.failing_since,
@@ -175,14 +187,26 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
 
     // A success ends the stretch; once successes have held a minute, the recovery is
     // announced to opted-in endpoints (not at the first success: hysteresis).
-    observe(&services, &current(&services).await, true, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        true,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(current(&services).await.health.failing_since, None);
     clock.advance(Duration::from_secs(61));
-    observe(&services, &current(&services).await, true, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        true,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     let recovered: EventId = format!(
         "entrega-recovered-{}-{}",
         endpoint.id,
@@ -199,20 +223,32 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     assert_eq!(event.event_type, "entrega.endpoint.recovered");
 
     // A new stretch past five days disables it, once, and tells the owner.
-    observe(&services, &current(&services).await, false, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        false,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     clock.advance(Duration::from_secs(5 * 86_400 + 1));
-    observe(&services, &current(&services).await, false, clock.now())
-        .await
-        .unwrap();
+    observe(
+        &services,
+        &current(&services).await,
+        false,
+        false,
+        clock.now(),
+    )
+    .await
+    .unwrap();
     let after = current(&services).await;
     assert!(after.disabled);
     assert_eq!(
         after.disabled_reason.as_deref(),
         Some("every attempt failed for 5 days")
     );
-    observe(&services, &after, false, clock.now())
+    observe(&services, &after, false, false, clock.now())
         .await
         .unwrap();
     let sent = notices.0.lock().unwrap();

@@ -2,17 +2,18 @@
 
 use chrono::Utc;
 use entrega_core::ids::EndpointId;
-use entrega_core::slots::EndpointSlots;
+use entrega_core::slots::{EndpointSlots, SlotPool};
 
-/// Endpoint slots: at most `limit` held at once per endpoint, endpoints apart, a
+/// Endpoint slots: at most `limit` held at once per pool, pools apart (an endpoint's
+/// and the slow endpoints' share), a
 /// released or expired slot taken again, and a release by a former holder (whose lease
 /// ran out and was taken over) leaving the new holder's slot alone. Every adapter of
 /// [`EndpointSlots`] runs this.
 pub async fn endpoint_slots_cap_each_endpoint(slots: &dyn EndpointSlots) {
     let lease = std::time::Duration::from_secs(30);
     let now = Utc::now();
-    let busy = EndpointId::generate();
-    let other = EndpointId::generate();
+    let busy = SlotPool::Endpoint(EndpointId::generate());
+    let other = SlotPool::SlowEndpoints;
     let mut held = Vec::new();
     // Enough tries that random probing finds every free slot of three.
     for i in 0..40 {
@@ -33,7 +34,7 @@ pub async fn endpoint_slots_cap_each_endpoint(slots: &dyn EndpointSlots) {
             .await
             .unwrap()
             .is_some(),
-        "another endpoint's slots are its own"
+        "another pool's slots are its own"
     );
     slots.release(&held[0]).await.unwrap();
     let mut again = None;
