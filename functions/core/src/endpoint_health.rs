@@ -31,6 +31,11 @@ pub const SLOW_ATTEMPT: Duration = Duration::from_secs(5);
 /// lasts a timeout, and a hidden message comes back within a minute).
 pub const SLOW_FOR: Duration = Duration::from_secs(600);
 
+/// A slow mark at least this old is cleared by a success answered in time, so an
+/// endpoint that recovered is not held to the slow share for the rest of its mark;
+/// one whose requests hang now and then flips at most once a minute.
+pub const SLOW_MARK_HOLD: Duration = Duration::from_secs(60);
+
 /// The health record of one endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointHealth {
@@ -122,6 +127,19 @@ pub fn mark_slow(health: &EndpointHealth, now: DateTime<Utc>) -> Option<Endpoint
     Some(next)
 }
 
+/// The record after a success answered in time at `now`: no longer slow, once its
+/// mark has held [`SLOW_MARK_HOLD`]. `None`: nothing to write.
+pub fn clear_slow(health: &EndpointHealth, now: DateTime<Utc>) -> Option<EndpointHealth> {
+    let until = health.slow_until.filter(|until| *until > now)?;
+    let marked_at = until - chrono::Duration::from_std(SLOW_FOR).ok()?;
+    if elapsed(marked_at, now) < SLOW_MARK_HOLD {
+        return None;
+    }
+    let mut next = health.clone();
+    next.slow_until = None;
+    Some(next)
+}
+
 fn elapsed(since: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
     (now - since).to_std().unwrap_or(Duration::ZERO)
 }
@@ -161,6 +179,11 @@ mod tests {
         assert_eq!(mark_slow(&marked, at(299)), None, "fresh enough: no write");
         let renewed = mark_slow(&marked, at(301)).expect("renewed past half its time");
         assert!(renewed.is_slow(at(900)));
+        // A quick success clears the mark once it has held a minute, not before.
+        assert_eq!(clear_slow(&renewed, at(330)), None);
+        let cleared = clear_slow(&renewed, at(361)).expect("recovered");
+        assert!(!cleared.is_slow(at(361)));
+        assert_eq!(clear_slow(&cleared, at(362)), None, "nothing more to write");
     }
 
     #[test]

@@ -28,7 +28,8 @@ const NOTICE_CLAIM_TTL: Duration = Duration::from_secs(24 * 3600);
 const WRITE_TRIES: usize = 5;
 
 /// Record the outcome of an attempt at `endpoint`, and whether it was `slow`
-/// ([`endpoint_health::SLOW_ATTEMPT`] or more).
+/// ([`endpoint_health::SLOW_ATTEMPT`] or more): a slow one marks the endpoint slow, a
+/// success in time clears an old mark.
 pub async fn observe(
     services: &Services,
     endpoint: &Endpoint,
@@ -42,11 +43,16 @@ pub async fn observe(
         let (mut next, happened) =
             endpoint_health::observe(&health, succeeded, now, services.settings.unhealthy_after);
         events = happened;
-        if slow {
-            if let Some(marked) = endpoint_health::mark_slow(next.as_ref().unwrap_or(&health), now)
-            {
-                next = Some(marked);
-            }
+        let current = next.as_ref().unwrap_or(&health);
+        let speed = if slow {
+            endpoint_health::mark_slow(current, now)
+        } else if succeeded {
+            endpoint_health::clear_slow(current, now)
+        } else {
+            None
+        };
+        if let Some(changed) = speed {
+            next = Some(changed);
         }
         let Some(next) = next else { break };
         match services

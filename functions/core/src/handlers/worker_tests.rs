@@ -549,4 +549,23 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
         c.delivery(&unshared.id).await.state,
         DeliveryState::Delivered
     );
+    let still = c.world.services.store.get_endpoint(&c.endpoint.id);
+    assert!(still
+        .await
+        .unwrap()
+        .unwrap()
+        .health
+        .is_slow(c.world.clock.now()));
+
+    // Once the mark has held a while, a success answered in time clears it (here the
+    // first delivery's retry, due by now): a recovered endpoint leaves the share.
+    c.advance(crate::endpoint_health::SLOW_MARK_HOLD.as_secs());
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let recovered = c.world.services.store.get_endpoint(&c.endpoint.id);
+    assert!(!recovered
+        .await
+        .unwrap()
+        .unwrap()
+        .health
+        .is_slow(c.world.clock.now()));
 }
