@@ -102,3 +102,18 @@ pub fn settings_from_env() -> Settings {
         ..defaults
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slow_share_is_half_the_worker_and_never_none() {
+        assert_eq!(slow_endpoint_share(DEFAULT_WORKER_CONCURRENCY), 50);
+        assert_eq!(slow_endpoint_share(1_000), 500);
+        // The template's least concurrency (2) still lets a slow endpoint be tried.
+        assert_eq!(slow_endpoint_share(2), 1);
+        assert_eq!(slow_endpoint_share(1), 1);
+        assert_eq!(slow_endpoint_share(u32::MAX), u32::MAX / 100);
+    }
+}
