@@ -51,15 +51,19 @@ impl ResumeTask {
         closing: bool,
         delay: Duration,
     ) -> OutgoingMessage {
-        let task = Self {
+        Self {
             resume_endpoint: endpoint.id.clone(),
             tenant_id: endpoint.tenant_id.clone(),
             cursor,
             closing,
-        };
+        }
+        .into_message(delay)
+    }
+
+    fn into_message(self, delay: Duration) -> OutgoingMessage {
         OutgoingMessage {
-            body: serde_json::to_string(&task).expect("a task serialises"),
-            group: endpoint.tenant_id.to_string(),
+            body: serde_json::to_string(&self).expect("a task serialises"),
+            group: self.tenant_id.to_string(),
             delay,
             concurrency_key: None,
             concurrency_limit: 0,
@@ -67,7 +71,8 @@ impl ResumeTask {
     }
 }
 
-/// Queue the background resume of a re-enabled endpoint.
+/// Queue the background resume of a re-enabled endpoint, or the end of a deleted
+/// endpoint's paused deliveries (the same task: its step finds the endpoint gone).
 pub async fn start_resume(services: &Services, endpoint: &Endpoint) -> StoreResult<()> {
     services
         .deliveries
@@ -76,10 +81,11 @@ pub async fn start_resume(services: &Services, endpoint: &Endpoint) -> StoreResu
 }
 
 /// One step of a background resume: up to [`RESUME_BATCHES_PER_STEP`] batches, then the
-/// task again if paused deliveries remain. Done for a disabled or deleted endpoint.
+/// task again if paused deliveries remain. Nothing for a disabled endpoint; for a
+/// deleted one, its paused deliveries are ended instead.
 pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<usize> {
     let Some(endpoint) = services.store.get_endpoint(&task.resume_endpoint).await? else {
-        return Ok(0);
+        return end_paused_of_deleted(services, task).await;
     };
     if endpoint.disabled {
         return Ok(0);
@@ -105,6 +111,52 @@ pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<
     let next = ResumeTask::message_from(&endpoint, cursor, task.closing, Duration::ZERO);
     services.deliveries.send(vec![next]).await?;
     Ok(resumed)
+}
+
+/// The endpoint was deleted: its paused deliveries would wait for an enable that can
+/// never come, answering "pending" to "did this event arrive?" forever. Each ends as
+/// the worker ends a delivery whose endpoint is gone (failed, "the endpoint was
+/// deleted"), a bounded step at a time like a resume; how many ended.
+async fn end_paused_of_deleted(services: &Services, task: &ResumeTask) -> StoreResult<usize> {
+    let mut ended = 0;
+    let mut cursor = task.cursor.clone();
+    for _ in 0..RESUME_BATCHES_PER_STEP {
+        let page = services
+            .store
+            .paused_deliveries(&task.resume_endpoint, cursor.as_deref(), RESUME_BATCH)
+            .await?;
+        for paused in page.data {
+            if end_for_deleted_endpoint(services, &paused).await? {
+                ended += 1;
+            }
+        }
+        match page.next_cursor {
+            None => return Ok(ended),
+            next => cursor = next,
+        }
+    }
+    let next = ResumeTask {
+        cursor,
+        ..task.clone()
+    };
+    services
+        .deliveries
+        .send(vec![next.into_message(Duration::ZERO)])
+        .await?;
+    Ok(ended)
+}
+
+/// End `delivery`, whose endpoint is gone; whether this write did (a delivery changed
+/// meanwhile is left as it is now).
+async fn end_for_deleted_endpoint(services: &Services, delivery: &Delivery) -> StoreResult<bool> {
+    let Some(ended) = crate::state_machine::endpoint_deleted(delivery, services.clock.now()) else {
+        return Ok(false);
+    };
+    match services.store.save_delivery(&ended, &[]).await {
+        Ok(_) => Ok(true),
+        Err(StoreError::Conflict(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Queue up to [`RESUME_BATCH`] paused deliveries from `cursor`: how many were moved
@@ -134,6 +186,8 @@ async fn resume_batch(
 /// endpoint (the closing pass is then only a second net).
 pub async fn resume_if_enabled(services: &Services, paused: &Delivery) -> StoreResult<()> {
     let Some(endpoint) = services.store.get_endpoint(&paused.endpoint_id).await? else {
+        // Deleted meanwhile, maybe after its settling pass went by: end it here.
+        end_for_deleted_endpoint(services, paused).await?;
         return Ok(());
     };
     if !endpoint.disabled {

@@ -92,3 +92,65 @@ async fn a_resume_hands_over_where_it_stopped() {
         .unwrap();
     assert_eq!(after.len(), 1, "its message, and no further pass");
 }
+
+#[tokio::test]
+async fn a_deleted_endpoints_paused_deliveries_end_a_step_at_a_time() {
+    let start = Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).unwrap();
+    let (world, endpoint) = World::with_endpoint(start, 7, |e| e.disabled = true).await;
+    let per_step = RESUME_BATCH * RESUME_BATCHES_PER_STEP;
+    let paused = |d: &mut crate::delivery::Delivery| d.state = DeliveryState::Paused;
+    for _ in 0..per_step + 20 {
+        world.add_delivery(&endpoint, paused).await.unwrap();
+    }
+    world
+        .services
+        .store
+        .delete_endpoint(&endpoint.id)
+        .await
+        .unwrap();
+    start_resume(&world.services, &endpoint).await.unwrap();
+    let mut ended = 0;
+    let mut steps = 0;
+    while let Some(m) = world
+        .services
+        .deliveries
+        .receive(1, std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+    {
+        let task: ResumeTask = serde_json::from_str(&m.body).unwrap();
+        ended += resume_step(&world.services, &task).await.unwrap();
+        world.services.deliveries.delete(&m.receipt).await.unwrap();
+        steps += 1;
+    }
+    assert_eq!(
+        (ended, steps),
+        (per_step + 20, 2),
+        "a bounded step, then the rest"
+    );
+    let left = world
+        .services
+        .store
+        .paused_deliveries(&endpoint.id, None, 10)
+        .await
+        .unwrap();
+    assert!(left.data.is_empty());
+
+    // A writer that read the endpoint before the delete pauses one more afterwards:
+    // its own re-read of the endpoint ends it.
+    let late = world.add_delivery(&endpoint, paused).await.unwrap();
+    resume_if_enabled(&world.services, &late).await.unwrap();
+    let stored = world
+        .services
+        .store
+        .get_delivery(&late.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, DeliveryState::Failed);
+    assert_eq!(
+        stored.last_error.as_deref(),
+        Some(crate::state_machine::ENDPOINT_DELETED_ERROR)
+    );
+}

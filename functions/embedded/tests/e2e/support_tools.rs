@@ -372,6 +372,55 @@ async fn the_api_rate_limit_answers_429_with_retry_after() {
     assert_eq!(acme.get("/v1/endpoints").await.0, 200, "the bucket refills");
 }
 
+/// Deliveries paused behind a disabled endpoint end when the endpoint is deleted (they
+/// would otherwise answer "pending" to "did this event arrive?" forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_disabled_endpoint_ends_its_paused_deliveries() {
+    let dir = TempDir::new("delete-paused");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    let ep = acme
+        .endpoint(json!({"url": receiver.url("/off"), "disabled": true}))
+        .await;
+    let events: Vec<String> = futures_util::future::join_all(
+        (0..3).map(|n| acme.publish("order.shipped", json!({ "n": n }))),
+    )
+    .await;
+    // Paused behind the disabled endpoint (the API shows them pending).
+    eventually(Duration::from_secs(30), "3 made", || async {
+        let mut paused = 0;
+        for e in &events {
+            paused += acme
+                .deliveries_of(e)
+                .await
+                .iter()
+                .filter(|d| d["status"] == "pending" && d["attempt_count"] == 0)
+                .count();
+        }
+        (paused == 3).then_some(())
+    })
+    .await;
+    let path = format!("/v1/endpoints/{}", ep["id"].as_str().unwrap());
+    assert_eq!(acme.call("DELETE", &path, None).await.0, 204);
+    eventually(Duration::from_secs(30), "3 ended", || async {
+        let mut ended = 0;
+        for e in &events {
+            ended += acme
+                .deliveries_of(e)
+                .await
+                .iter()
+                .filter(|d| {
+                    d["status"] == "failed" && d["last_error"] == "the endpoint was deleted"
+                })
+                .count();
+        }
+        (ended == 3).then_some(())
+    })
+    .await;
+    assert_eq!(receiver.count(), 0, "nothing was sent");
+}
+
 /// A batch that meets a delivery whose endpoint was deleted lists it and goes on; the
 /// Idempotency-Key holds for the whole batch (it used to stop with a 409 after
 /// resending the rows before it, free its key, and resend them again on repeat).

@@ -365,6 +365,9 @@ pub(super) async fn delete_endpoint(
 ) -> ApiResult<StatusCode> {
     let endpoint = load_endpoint(&state, &caller, &id).await?;
     state.services.store.delete_endpoint(&endpoint.id).await?;
+    // Its paused deliveries would wait for an enable that cannot come: the task ends
+    // them in the background (after the delete, so it finds the endpoint gone).
+    start_resume(&state.services, &endpoint).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
