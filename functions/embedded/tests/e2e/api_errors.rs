@@ -21,6 +21,33 @@ async fn bad_requests_are_clear_problems() {
     assert_eq!(raw.status(), 401);
     assert_eq!(raw.headers()["content-type"], "application/problem+json");
 
+    // Rejections axum makes itself are problems too: a method a route does not have,
+    // a path that is not UTF-8.
+    for (method, path, status) in [
+        (reqwest::Method::PUT, "/v1/events", 405),
+        (reqwest::Method::DELETE, "/v1/deliveries", 405),
+        (reqwest::Method::GET, "/v1/events/%FF", 400),
+    ] {
+        let answer = reqwest::Client::new()
+            .request(method.clone(), format!("{}{path}", server.base))
+            .bearer_auth(&acme.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{method} {path}");
+        assert_eq!(
+            answer.headers()["content-type"],
+            "application/problem+json",
+            "{method} {path}"
+        );
+        if status == 405 {
+            assert!(answer.headers().contains_key("allow"), "{method} {path}");
+        }
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(body["status"], status);
+        assert!(!body["detail"].as_str().unwrap().is_empty(), "{body}");
+    }
+
     let cases = [
         (
             json!({"url": "https://x.example.com/", "timeout_ms": 60000}),

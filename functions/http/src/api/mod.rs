@@ -188,6 +188,40 @@ async fn security_headers(request: Request, next: Next) -> Response {
     response
 }
 
+/// The longest text of a rejection kept as a problem's detail (axum's are a line).
+const REJECTION_TEXT_MAX: usize = 4 * 1024;
+
+/// Every error answer is problem+json, also those axum's router and extractors make
+/// themselves (a 405 for a method a route does not have, a 400 for a path that is not
+/// UTF-8): a client reads one kind of error, whatever went wrong.
+async fn problems_only(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/problem+json"));
+    if is_problem || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, REJECTION_TEXT_MAX)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+        .unwrap_or_default();
+    let detail = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut problem = ApiError::from_status(status, detail).into_response();
+    // What the answer said beside its body stays (the methods a 405's route has).
+    if let Some(allow) = parts.headers.remove(header::ALLOW) {
+        problem.headers_mut().insert(header::ALLOW, allow);
+    }
+    problem
+}
+
 async fn no_route() -> ApiError {
     ApiError::not_found("route", "for this method and path")
 }
@@ -207,6 +241,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .merge(openapi::router())
         .merge(crate::console::router())
         .fallback(no_route)
+        .layer(axum::middleware::from_fn(problems_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             rate_limit::limit,

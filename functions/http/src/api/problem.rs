@@ -52,6 +52,12 @@ impl ApiError {
         }
     }
 
+    /// An error answer made outside the handlers (axum's own rejections), with its
+    /// status and what it said.
+    pub fn from_status(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self::new(status, status.canonical_reason().unwrap_or("Error"), detail)
+    }
+
     /// A field's value is not acceptable (422).
     pub fn invalid(field: &str, detail: impl std::fmt::Display) -> Self {
         let mut e = Self::new(
