@@ -20,6 +20,9 @@ pub const MIN_TIMEOUT_MS: u32 = 100;
 pub const DEFAULT_MAX_CONCURRENCY: u32 = 8;
 /// Upper bound on an endpoint's concurrency cap.
 pub const MAX_CONCURRENCY_CAP: u32 = 256;
+/// Endpoints one tenant may have. Each publish fans out to every one that subscribes,
+/// and the fan-out reads them all: this bounds what one event costs and makes.
+pub const MAX_ENDPOINTS_PER_TENANT: usize = 100;
 /// How long a rotated-out secret keeps signing beside the new one.
 pub const ROTATION_OVERLAP: ChronoDuration = ChronoDuration::hours(24);
 /// Most event-type patterns one endpoint may list.

@@ -143,3 +143,40 @@ async fn bad_requests_are_clear_problems() {
     let (status, health) = acme.get("/healthz").await;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
 }
+
+/// A tenant's endpoints are bounded: each publish fans out to every one of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_has_at_most_a_hundred_endpoints() {
+    let dir = TempDir::new("endpoint-cap");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let (_, other) = server.admin().tenant("Other").await;
+    let mut ids = Vec::new();
+    for n in 0..entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT {
+        let ep = acme
+            .endpoint(json!({"url": format!("https://hooks{n}.example.com/")}))
+            .await;
+        ids.push(ep["id"].as_str().unwrap().to_owned());
+    }
+    let (status, problem) = acme
+        .post(
+            "/v1/endpoints",
+            json!({"url": "https://one-more.example.com/"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("at most 100"),
+        "{problem}"
+    );
+    // Another tenant's count is its own, and a deleted endpoint makes room.
+    other
+        .endpoint(json!({"url": "https://theirs.example.com/"}))
+        .await;
+    let (status, _) = acme
+        .call("DELETE", &format!("/v1/endpoints/{}", ids[0]), None)
+        .await;
+    assert_eq!(status, 204);
+    acme.endpoint(json!({"url": "https://one-more.example.com/"}))
+        .await;
+}

@@ -6,7 +6,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use entrega_core::endpoint::{
     validate_event_type_patterns, DeliveryMode, Endpoint, DEFAULT_MAX_CONCURRENCY,
-    DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY_CAP, MAX_DESCRIPTION_LEN, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY_CAP, MAX_DESCRIPTION_LEN, MAX_ENDPOINTS_PER_TENANT,
+    MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 use entrega_core::handlers::resume::start_resume;
 use entrega_core::ids::{EndpointId, TenantId};
@@ -219,6 +220,18 @@ pub(super) async fn create_endpoint(
     };
 
     validate(&mut endpoint, &state)?;
+    // Checked on a read, not a conditional count: two creates racing at the limit can
+    // pass it together, so the bound is the limit plus the requests in flight.
+    let existing = state
+        .services
+        .store
+        .tenant_endpoints(&endpoint.tenant_id)
+        .await?;
+    if existing.len() >= MAX_ENDPOINTS_PER_TENANT {
+        return Err(ApiError::conflict(format!(
+            "a tenant has at most {MAX_ENDPOINTS_PER_TENANT} endpoints: delete one it no longer needs first"
+        )));
+    }
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));
     state.services.store.create_endpoint(&endpoint).await?;
     Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))))
