@@ -105,6 +105,16 @@ impl Case {
         self.world.services.store.list_attempts(id).await.unwrap()
     }
 
+    /// The one place of a slow share of one, for `holder`, if it is free.
+    async fn hold_slow_share(&self, holder: &str) -> Option<crate::slots::SlotLease> {
+        let now = self.world.clock.now();
+        let slots = &self.world.services.slots;
+        slots
+            .acquire(&SlotPool::SlowEndpoints, 1, holder, now, HIDE)
+            .await
+            .unwrap()
+    }
+
     fn advance(&self, seconds: u64) {
         self.world.clock.advance(Duration::from_secs(seconds));
     }
@@ -501,18 +511,8 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
 
     // Another slow endpoint's attempt holds the share's one place.
     let held = c
-        .world
-        .services
-        .slots
-        .acquire(
-            &SlotPool::SlowEndpoints,
-            1,
-            "another",
-            c.world.clock.now(),
-            HIDE,
-        )
+        .hold_slow_share("another")
         .await
-        .unwrap()
         .expect("the share's place");
     let waiting = c.publish().await;
     assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
@@ -529,20 +529,7 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
         DeliveryState::Delivered
     );
     c.world.services.settings.slow_endpoint_share = 0;
-    let held = c
-        .world
-        .services
-        .slots
-        .acquire(
-            &SlotPool::SlowEndpoints,
-            1,
-            "again",
-            c.world.clock.now(),
-            HIDE,
-        )
-        .await
-        .unwrap();
-    assert!(held.is_some());
+    assert!(c.hold_slow_share("again").await.is_some());
     let unshared = c.publish().await;
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(

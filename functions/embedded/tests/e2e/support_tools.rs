@@ -387,34 +387,34 @@ async fn deleting_a_disabled_endpoint_ends_its_paused_deliveries() {
         (0..3).map(|n| acme.publish("order.shipped", json!({ "n": n }))),
     )
     .await;
+    // How many of the events' deliveries `matching` holds for.
+    let count = |matching: fn(&serde_json::Value) -> bool| {
+        let (acme, events) = (&acme, &events);
+        async move {
+            let mut n = 0;
+            for e in events {
+                n += acme
+                    .deliveries_of(e)
+                    .await
+                    .iter()
+                    .filter(|d| matching(d))
+                    .count();
+            }
+            n
+        }
+    };
     // Paused behind the disabled endpoint (the API shows them pending).
     eventually(Duration::from_secs(30), "3 made", || async {
-        let mut paused = 0;
-        for e in &events {
-            paused += acme
-                .deliveries_of(e)
-                .await
-                .iter()
-                .filter(|d| d["status"] == "pending" && d["attempt_count"] == 0)
-                .count();
-        }
+        let paused = count(|d| d["status"] == "pending" && d["attempt_count"] == 0).await;
         (paused == 3).then_some(())
     })
     .await;
     let path = format!("/v1/endpoints/{}", ep["id"].as_str().unwrap());
     assert_eq!(acme.call("DELETE", &path, None).await.0, 204);
     eventually(Duration::from_secs(30), "3 ended", || async {
-        let mut ended = 0;
-        for e in &events {
-            ended += acme
-                .deliveries_of(e)
-                .await
-                .iter()
-                .filter(|d| {
-                    d["status"] == "failed" && d["last_error"] == "the endpoint was deleted"
-                })
-                .count();
-        }
+        let ended =
+            count(|d| d["status"] == "failed" && d["last_error"] == "the endpoint was deleted")
+                .await;
         (ended == 3).then_some(())
     })
     .await;
