@@ -4,7 +4,9 @@
 //! queue at once, so a cap kept inside one batch would let each invocation send its
 //! own `max_concurrency`; the slots live in the store instead (DynamoDB), and a worker
 //! that finds them all taken hides the message briefly rather than waiting, so no
-//! invocation ever runs past its time waiting for one.
+//! invocation ever runs past its time waiting for one. The same slots, in a pool of
+//! their own ([`SlotPool::SlowEndpoints`]), bound the attempts at endpoints slow lately
+//! together, where the runtime keeps such a share (AWS).
 //!
 //! A worker that dies holding a slot loses it at the lease's end, as a crashed attempt
 //! loses its delivery lease: the slot is never held for longer than an attempt can run.
