@@ -193,15 +193,17 @@ const REJECTION_TEXT_MAX: usize = 4 * 1024;
 
 /// Every error answer is problem+json, also those axum's router and extractors make
 /// themselves (a 405 for a method a route does not have, a 400 for a path that is not
-/// UTF-8): a client reads one kind of error, whatever went wrong.
+/// UTF-8): a client reads one kind of error, whatever went wrong. Only plain text and
+/// empty bodies are turned: a JSON answer (a degraded `/healthz`, a problem) says
+/// what it means already.
 async fn problems_only(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
-    let is_problem = response
+    let plain = response
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/problem+json"));
-    if is_problem || !(status.is_client_error() || status.is_server_error()) {
+        .is_none_or(|t| t.as_bytes().starts_with(b"text/plain"));
+    if !plain || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
