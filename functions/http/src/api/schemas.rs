@@ -205,7 +205,8 @@ pub enum ProblemResponses {
     /// The request took too long to arrive or to answer.
     #[response(status = 408, content_type = "application/problem+json")]
     Timeout(Problem),
-    /// A conflict: an id in use with another body, a concurrent change.
+    /// A conflict: an id in use with another body, a concurrent change, a limit
+    /// reached (a tenant's 100 endpoints).
     #[response(status = 409, content_type = "application/problem+json")]
     Conflict(Problem),
     /// The body is over the size limit.
