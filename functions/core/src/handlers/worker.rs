@@ -493,9 +493,18 @@ fn record_metrics(
 }
 
 /// The endpoint was deleted by its owner: the state machine ends the delivery.
+///
+/// A concurrent change keeps the message: it may be a resend that wrote its generation
+/// after this read and whose own message this is. Dropped, that resend's delivery
+/// stayed pending with nothing queued; kept, it comes back and is ended on a fresh read.
 async fn endpoint_deleted(services: &Services, delivery: &Delivery) -> StoreResult<Disposition> {
     if let Some(next) = state_machine::endpoint_deleted(delivery, services.clock.now()) {
-        save_unless_changed(services, delivery, &next).await?;
+        if save_unless_changed(services, delivery, &next)
+            .await?
+            .is_none()
+        {
+            return Ok(Disposition::RetryIn(CONFLICT_BACKOFF));
+        }
     }
     Ok(Disposition::Done)
 }

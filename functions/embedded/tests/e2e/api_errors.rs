@@ -169,6 +169,31 @@ async fn a_tenant_has_at_most_a_hundred_endpoints() {
         problem["detail"].as_str().unwrap().contains("at most 100"),
         "{problem}"
     );
+    // Creates racing at the limit: exactly enough of them stay.
+    for id in ids.drain(..5) {
+        let (status, _) = acme
+            .call("DELETE", &format!("/v1/endpoints/{id}"), None)
+            .await;
+        assert_eq!(status, 204);
+    }
+    let racing = futures_util::future::join_all((0..20).map(|n| {
+        acme.post(
+            "/v1/endpoints",
+            json!({"url": format!("https://racer{n}.example.com/")}),
+        )
+    }))
+    .await;
+    let created = racing.iter().filter(|(status, _)| *status == 201).count();
+    assert!(racing.iter().all(|(status, _)| [201, 409].contains(status)));
+    let (_, page) = acme.get("/v1/endpoints?limit=200").await;
+    let count = page["data"].as_array().unwrap().len();
+    let statuses: Vec<u16> = racing.iter().map(|(status, _)| *status).collect();
+    assert_eq!((created, count), (5, 100), "{statuses:?}");
+    for (status, body) in &racing {
+        if *status == 201 {
+            ids.push(body["id"].as_str().unwrap().to_owned());
+        }
+    }
     // Another tenant's count is its own, and a deleted endpoint makes room.
     other
         .endpoint(json!({"url": "https://theirs.example.com/"}))

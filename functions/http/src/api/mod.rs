@@ -225,7 +225,7 @@ async fn problems_only(request: Request, next: Next) -> Response {
 }
 
 async fn no_route() -> ApiError {
-    ApiError::not_found("route", "for this method and path")
+    ApiError::from_status(StatusCode::NOT_FOUND, "no route for this method and path")
 }
 
 /// The whole v1 API, and the console that uses it.
