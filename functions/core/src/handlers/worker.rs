@@ -95,7 +95,14 @@ async fn deliver(
             tracing::warn!("message for an unknown delivery");
             return Ok(Disposition::Done);
         }
-        Found::EndpointDeleted(delivery) => return endpoint_deleted(services, &delivery).await,
+        Found::EndpointDeleted(delivery) => {
+            // A resend's message may come before its write, here too.
+            let now = services.clock.now();
+            if let Some(wait) = before_resend_write(task, &delivery, now) {
+                return Ok(wait);
+            }
+            return endpoint_deleted(services, &delivery).await;
+        }
         Found::Both(delivery, endpoint) => (delivery, *endpoint),
     };
     let now = services.clock.now();
@@ -176,20 +183,8 @@ async fn screen(
     endpoint: &Endpoint,
     now: chrono::DateTime<chrono::Utc>,
 ) -> StoreResult<Option<Disposition>> {
-    if task.generation > delivery.generation {
-        // A resend queued this before writing its generation: wait for the write, but
-        // not forever (the resend may have died between the two). A message from
-        // before `resent_at_ms` existed counts from the delivery's last change.
-        let queued = task
-            .resent_at_ms
-            .and_then(chrono::DateTime::from_timestamp_millis)
-            .unwrap_or(delivery.updated_at);
-        if now - queued < super::resend::FUTURE_GENERATION_GRACE {
-            // The write is normally a moment behind: look again soon, so "try now"
-            // is not two seconds late (SQS rounds this up to its one second).
-            return Ok(Some(Disposition::RetryIn(RESEND_WRITE_RECHECK)));
-        }
-        return Ok(Some(Disposition::Done));
+    if let Some(wait) = before_resend_write(task, delivery, now) {
+        return Ok(Some(wait));
     }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
@@ -207,6 +202,30 @@ async fn screen(
         }
     }
     Ok(None)
+}
+
+/// A message from a resend that queued it before writing its generation: wait for the
+/// write, but not forever (the resend may have died between the two). A message from
+/// before `resent_at_ms` existed counts from the delivery's last change. `None`: the
+/// message is not ahead of its write.
+fn before_resend_write(
+    task: &DeliveryTask,
+    delivery: &Delivery,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Disposition> {
+    if task.generation <= delivery.generation {
+        return None;
+    }
+    let queued = task
+        .resent_at_ms
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .unwrap_or(delivery.updated_at);
+    if now - queued < super::resend::FUTURE_GENERATION_GRACE {
+        // The write is normally a moment behind: look again soon, so "try now" is not
+        // two seconds late (SQS rounds this up to its one second).
+        return Some(Disposition::RetryIn(RESEND_WRITE_RECHECK));
+    }
+    Some(Disposition::Done)
 }
 
 /// No attempt for this message: why decides what becomes of it.
