@@ -54,8 +54,10 @@ pub struct Emulation {
 }
 
 impl Emulation {
-    /// Run every poller until `shutdown` turns true.
-    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+    /// Run every poller until `shutdown` turns true. The handlers keep the slow
+    /// endpoints' share of these pollers, as the Lambda worker keeps its own.
+    pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
+        self.services.settings.slow_endpoint_share = SLOW_ENDPOINT_SHARE;
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().stream_loop(shutdown.clone()));
         for _ in 0..DELIVERY_POLLERS {

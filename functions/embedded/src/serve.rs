@@ -145,10 +145,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             let clients = AwsClients::new(&sdk);
             let mut services = services_on(&clients, &resources, transport, clock);
             services.metrics = metrics.clone();
-            services.settings = Settings {
-                slow_endpoint_share: entrega_aws::emulation::SLOW_ENDPOINT_SHARE,
-                ..config.settings.clone()
-            };
+            services.settings = config.settings.clone();
             let listener = bind(&config).await?;
             register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
             let emulation = Emulation {

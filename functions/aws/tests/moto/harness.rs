@@ -57,9 +57,7 @@ impl Stack {
             allowed_ranges: vec!["127.0.0.0/8".parse().unwrap()],
             allow_http: true,
         }));
-        let mut services = aws_services(&sdk, &resources, transport, clock);
-        // As `entrega serve --backend aws` runs the pollers.
-        services.settings.slow_endpoint_share = entrega_aws::emulation::SLOW_ENDPOINT_SHARE;
+        let services = aws_services(&sdk, &resources, transport, clock);
         let (stop, rx) = watch::channel(false);
         Self {
             _moto: moto,

@@ -152,11 +152,8 @@ async fn end_for_deleted_endpoint(services: &Services, delivery: &Delivery) -> S
     let Some(ended) = crate::state_machine::endpoint_deleted(delivery, services.clock.now()) else {
         return Ok(false);
     };
-    match services.store.save_delivery(&ended, &[]).await {
-        Ok(_) => Ok(true),
-        Err(StoreError::Conflict(_)) => Ok(false),
-        Err(e) => Err(e),
-    }
+    let saved = super::worker::save_unless_changed(services, delivery, &ended).await?;
+    Ok(saved.is_some())
 }
 
 /// Queue up to [`RESUME_BATCH`] paused deliveries from `cursor`: how many were moved

@@ -530,7 +530,7 @@ async fn endpoint_deleted(services: &Services, delivery: &Delivery) -> StoreResu
 
 /// Save `next` (read as `before`), a transition that records no attempt; a
 /// concurrent change wins and is left alone (`None`).
-async fn save_unless_changed(
+pub(super) async fn save_unless_changed(
     services: &Services,
     before: &Delivery,
     next: &Delivery,

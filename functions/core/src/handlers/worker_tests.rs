@@ -105,6 +105,12 @@ impl Case {
         self.world.services.store.list_attempts(id).await.unwrap()
     }
 
+    /// The endpoint as stored now (its health included).
+    async fn stored_endpoint(&self) -> Endpoint {
+        let stored = self.world.services.store.get_endpoint(&self.endpoint.id);
+        stored.await.unwrap().expect("the endpoint is stored")
+    }
+
     /// The one place of a slow share of one, for `holder`, if it is free.
     async fn hold_slow_share(&self, holder: &str) -> Option<crate::slots::SlotLease> {
         let now = self.world.clock.now();
@@ -196,14 +202,7 @@ async fn gone_pauses_the_delivery_and_disables_the_endpoint_without_a_failure() 
     let d = c.publish().await;
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
-    let endpoint = c
-        .world
-        .services
-        .store
-        .get_endpoint(&c.endpoint.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let endpoint = c.stored_endpoint().await;
     assert!(endpoint.disabled, "410 disables the endpoint");
     assert!(
         c.world.failures.is_empty(),
@@ -225,9 +224,8 @@ async fn gone_at_most_once_fails_the_delivery_with_a_notice_and_disables_the_end
     let d = c.publish().await;
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
-    let endpoint = c.world.services.store.get_endpoint(&c.endpoint.id).await;
     assert!(
-        endpoint.unwrap().unwrap().disabled,
+        c.stored_endpoint().await.disabled,
         "410 disables the endpoint"
     );
     assert!(!c.world.failures.is_empty(), "the failure handler is told");
@@ -499,14 +497,7 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
         }]);
     c.publish().await;
     assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
-    let marked = c
-        .world
-        .services
-        .store
-        .get_endpoint(&c.endpoint.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let marked = c.stored_endpoint().await;
     assert!(marked.health.is_slow(c.world.clock.now()), "marked slow");
 
     // Another slow endpoint's attempt holds the share's one place.
@@ -536,23 +527,13 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
         c.delivery(&unshared.id).await.state,
         DeliveryState::Delivered
     );
-    let still = c.world.services.store.get_endpoint(&c.endpoint.id);
-    assert!(still
-        .await
-        .unwrap()
-        .unwrap()
-        .health
-        .is_slow(c.world.clock.now()));
+    let still = c.stored_endpoint().await;
+    assert!(still.health.is_slow(c.world.clock.now()));
 
     // Once the mark has held a while, a success answered in time clears it (here the
     // first delivery's retry, due by now): a recovered endpoint leaves the share.
     c.advance(crate::endpoint_health::SLOW_MARK_HOLD.as_secs());
     assert_eq!(c.handle_next().await, Disposition::Done);
-    let recovered = c.world.services.store.get_endpoint(&c.endpoint.id);
-    assert!(!recovered
-        .await
-        .unwrap()
-        .unwrap()
-        .health
-        .is_slow(c.world.clock.now()));
+    let recovered = c.stored_endpoint().await;
+    assert!(!recovered.health.is_slow(c.world.clock.now()));
 }
