@@ -152,32 +152,24 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
         let (s, id) = (s.clone(), endpoint.id.clone());
         async move { s.store.get_endpoint(&id).await.unwrap().unwrap() }
     };
+    // An attempt at the endpoint as stored now, quick, that `succeeded` or not.
+    let attempt = |succeeded: bool| {
+        let (s, now) = (services.clone(), clock.now());
+        async move {
+            let read = current(&s).await;
+            observe(&s, &read, succeeded, false, now).await.unwrap();
+        }
+    };
 
     // A failing stretch of four days: still enabled.
-    observe(
-        &services,
-        &current(&services).await,
-        false,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(false).await;
     let started = current(&services)
         .await
         .health
         .failing_since
         .expect("the stretch starts");
     clock.advance(Duration::from_secs(4 * 86_400));
-    observe(
-        &services,
-        &current(&services).await,
-        false,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(false).await;
     assert!(!current(&services).await.disabled);
     assert_eq!(
         current(&services).await.health.failing_since,
@@ -187,26 +179,10 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
 
     // A success ends the stretch; once successes have held a minute, the recovery is
     // announced to opted-in endpoints (not at the first success: hysteresis).
-    observe(
-        &services,
-        &current(&services).await,
-        true,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(true).await;
     assert_eq!(current(&services).await.health.failing_since, None);
     clock.advance(Duration::from_secs(61));
-    observe(
-        &services,
-        &current(&services).await,
-        true,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(true).await;
     let recovered: EventId = format!(
         "entrega-recovered-{}-{}",
         endpoint.id,
@@ -223,25 +199,9 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     assert_eq!(event.event_type, "entrega.endpoint.recovered");
 
     // A new stretch past five days disables it, once, and tells the owner.
-    observe(
-        &services,
-        &current(&services).await,
-        false,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(false).await;
     clock.advance(Duration::from_secs(5 * 86_400 + 1));
-    observe(
-        &services,
-        &current(&services).await,
-        false,
-        false,
-        clock.now(),
-    )
-    .await
-    .unwrap();
+    attempt(false).await;
     let after = current(&services).await;
     assert!(after.disabled);
     assert_eq!(
