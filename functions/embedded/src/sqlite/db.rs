@@ -17,7 +17,7 @@ use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::writer::{write_loop, Detached, Job, Work, WriteJob};
+use super::writer::{sync_loop, write_loop, Answers, Detached, Job, Work, WriteJob};
 use super::{schema, DbError};
 
 /// How long a statement waits for a lock held by another connection (an operator's
@@ -60,11 +60,16 @@ const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
 /// Prepared statements kept per connection (every statement the store uses fits).
 const STATEMENT_CACHE: usize = 128;
 
+/// Committed groups waiting for the sync thread at most; past it the writer waits
+/// (the callers in them are waiting too, so this bounds nothing that grows by itself).
+const SYNC_QUEUE: usize = 1_024;
+
 /// How a commit is made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Durability {
-    /// Every commit is on disk before it is confirmed (`synchronous=FULL`): an accepted
-    /// event survives a power loss. The default; group commit makes it cheap.
+    /// Every commit is on disk before it is confirmed (the log synced after it, as
+    /// `synchronous=FULL` does, but off the writer's thread: see `writer::sync_loop`):
+    /// an accepted event survives a power loss. The default.
     #[default]
     Full,
     /// Commits survive a crash of the process (`kill -9`), but the last ones may be
@@ -78,8 +83,8 @@ tokio::task_local! {
     static REPLAYABLE: ();
 }
 
-/// Run `work` with its writes marked replayable: a group holding nothing else commits
-/// without waiting for the disk (`synchronous=NORMAL`), even under full durability.
+/// Run `work` with its writes marked replayable: they are answered once committed,
+/// without waiting for the log to be synced, even under full durability.
 ///
 /// Why this is safe: only the fan-out of an event whose outbox row has committed is
 /// run this way. If power is lost before those writes reach the disk, the row is not
@@ -92,15 +97,6 @@ tokio::task_local! {
 /// delivered, at low load.
 pub async fn replayable<F: std::future::Future>(work: F) -> F::Output {
     REPLAYABLE.scope((), work).await
-}
-
-impl Durability {
-    pub(super) fn pragma(self) -> &'static str {
-        match self {
-            Self::Full => "FULL",
-            Self::Normal => "NORMAL",
-        }
-    }
 }
 
 /// Read-only connections, each used by one blocking task at a time.
@@ -165,9 +161,21 @@ impl SqliteDb {
 
     /// Open with the given durability.
     pub fn open_with(path: &Path, durability: Durability) -> Result<Self, rusqlite::Error> {
+        Self::open_syncing_with(path, durability, std::fs::File::sync_data)
+    }
+
+    /// Open with the given durability, syncing the log with `sync` (given the log
+    /// file): tests give one that fails or holds.
+    pub(super) fn open_syncing_with(
+        path: &Path,
+        durability: Durability,
+        sync: impl Fn(&std::fs::File) -> std::io::Result<()> + Send + 'static,
+    ) -> Result<Self, rusqlite::Error> {
         let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", durability.pragma())?;
+        // The writer's commits never wait for the disk; with full durability the
+        // sync thread syncs the log before a durable caller is answered.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         tune(&conn, CACHE_KIB, MMAP_BYTES)?;
         // The checkpointer thread copies the log back into the database; the
         // writer's own automatic checkpoint stays only as the bound if it falls behind.
@@ -186,9 +194,21 @@ impl SqliteDb {
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         let last_write_failure_ms = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let to_sync = match durability {
+            Durability::Normal => None,
+            Durability::Full => {
+                // SQLite names the log after the database's full path, symlinks
+                // resolved, which is what `path()` gives.
+                let log = open_log(&conn)?;
+                let (to_sync, waiting) = std::sync::mpsc::sync_channel(SYNC_QUEUE);
+                let failing = last_write_failure_ms.clone();
+                spawn("sync", move || sync_loop(waiting, || sync(&log), &failing))?;
+                Some(to_sync)
+            }
+        };
         let failing = last_write_failure_ms.clone();
         spawn("writer", move || {
-            write_loop(conn, queued, durability, &failing)
+            write_loop(conn, queued, Answers::new(to_sync), &failing)
         })?;
         let alive = Arc::new(());
         let watch = Arc::downgrade(&alive);
@@ -367,6 +387,23 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
         .map_err(StoreError::from)
     }
+}
+
+/// The log file `conn` writes, opened once to be synced (`File::sync_data`,
+/// `fdatasync`: its data and size). A sync covers whatever was written to the file
+/// through any descriptor. Opened once, not by name at each sync: SQLite keeps the
+/// same log file open as long as a connection is, and by name a log deleted by hand
+/// would fail every sync while SQLite goes on writing the file it holds.
+fn open_log(conn: &Connection) -> Result<std::fs::File, rusqlite::Error> {
+    // SQLite names the log after the database's full path, symlinks resolved, which is
+    // what `path()` gives; the log exists once the schema has been written.
+    let path = format!("{}-wal", conn.path().unwrap_or_default());
+    std::fs::File::open(&path).map_err(|e| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(format!("cannot open the database's log {path}: {e}")),
+        )
+    })
 }
 
 /// Now, in unix milliseconds (the writer's own bookkeeping, not the clock port's).

@@ -1,42 +1,105 @@
-//! The writer's choice of sync per commit: only a group of nothing but replayable work
-//! commits without waiting for the disk.
+//! When a caller hears "done": durable work once the log is synced after its commit,
+//! replayable work once committed; and a sync that is slow or fails holds or fails
+//! only the callers waiting for it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::*;
 
-/// `PRAGMA synchronous` as a write job sees it: 1 is NORMAL, 2 is FULL.
-async fn sync_seen(db: &SqliteDb) -> i64 {
-    db.call(|conn| Ok(conn.pragma_query_value(None, "synchronous", |r| r.get(0))?))
-        .await
-        .unwrap()
+/// A database whose log syncs are counted (and really made), and the count.
+fn counting_syncs(path: &Path, durability: Durability) -> (SqliteDb, Arc<AtomicUsize>) {
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let counted = syncs.clone();
+    let db = SqliteDb::open_syncing_with(path, durability, move |log| {
+        log.sync_data()?;
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    (db, syncs)
+}
+
+async fn write_one(db: &SqliteDb) -> StoreResult<()> {
+    db.call(|conn| {
+        Ok(conn.execute_batch(
+            "INSERT INTO counters VALUES ('k', 1, 0) ON CONFLICT DO UPDATE SET value = value + 1",
+        )?)
+    })
+    .await
 }
 
 #[tokio::test]
-async fn only_replayable_work_commits_without_a_sync() {
+async fn durable_work_is_answered_after_a_sync_and_replayable_work_without() {
     let dir = entrega_testkit::TempDir::new("db-sync");
-    let db = SqliteDb::open_with(&dir.0.join("e.db"), Durability::Full).unwrap();
-    assert_eq!(sync_seen(&db).await, 2, "a plain write is durable");
+    // Through a symlink: the log synced is the one SQLite writes, beside the file.
+    std::fs::create_dir(dir.0.join("real")).unwrap();
+    std::os::unix::fs::symlink(dir.0.join("real/e.db"), dir.0.join("e.db")).unwrap();
+    let (db, syncs) = counting_syncs(&dir.0.join("e.db"), Durability::Full);
+    let before = syncs.load(Ordering::SeqCst);
+    write_one(&db).await.unwrap();
+    let after_durable = syncs.load(Ordering::SeqCst);
+    assert!(after_durable > before, "a plain write waits for a sync");
+    replayable(write_one(&db)).await.unwrap();
     assert_eq!(
-        replayable(sync_seen(&db)).await,
-        1,
-        "a replayable one is not"
+        syncs.load(Ordering::SeqCst),
+        after_durable,
+        "a replayable one does not"
     );
-    assert_eq!(sync_seen(&db).await, 2, "and the next plain one is again");
-
-    // A durable caller grouped with replayable ones still commits durably.
-    let (_, _, durable) = tokio::join!(
-        replayable(sync_seen(&db)),
-        replayable(sync_seen(&db)),
-        sync_seen(&db)
-    );
-    assert_eq!(durable, 2);
+    assert!(dir.0.join("real/e.db-wal").exists());
 }
 
 #[tokio::test]
 async fn normal_durability_never_syncs_a_commit() {
     let dir = entrega_testkit::TempDir::new("db-sync-normal");
-    let db = SqliteDb::open_with(&dir.0.join("e.db"), Durability::Normal).unwrap();
-    assert_eq!(sync_seen(&db).await, 1);
-    assert_eq!(replayable(sync_seen(&db)).await, 1);
+    let (db, syncs) = counting_syncs(&dir.0.join("e.db"), Durability::Normal);
+    write_one(&db).await.unwrap();
+    replayable(write_one(&db)).await.unwrap();
+    assert_eq!(syncs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_slow_sync_holds_its_callers_but_not_the_writer() {
+    let dir = entrega_testkit::TempDir::new("db-sync-held");
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = std::sync::Mutex::new(held);
+    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, move |_| {
+        let _ = held.lock().unwrap().recv();
+        Ok(())
+    })
+    .unwrap();
+    let durable = tokio::spawn({
+        let db = db.clone();
+        async move { write_one(&db).await }
+    });
+    // The writer goes on committing while the sync is held: other work is answered,
+    // and the held caller's work is committed (readers see it) but not confirmed.
+    for _ in 0..20 {
+        replayable(write_one(&db)).await.unwrap();
+    }
+    let value = db
+        .read(|conn| Ok(conn.query_row("SELECT value FROM counters", [], |r| r.get::<_, i64>(0))?))
+        .await
+        .unwrap();
+    assert_eq!(value, 21);
+    assert!(!durable.is_finished(), "answered before its sync");
+    release.send(()).unwrap();
+    durable.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_sync_fails_its_callers_and_marks_the_database_failing() {
+    let dir = entrega_testkit::TempDir::new("db-sync-fails");
+    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, |_| {
+        Err(std::io::Error::other("the disk is gone"))
+    })
+    .unwrap();
+    assert!(!db.writes_failing());
+    let failed = write_one(&db).await.unwrap_err();
+    assert!(failed.to_string().contains("the disk is gone"), "{failed}");
+    assert!(db.writes_failing());
+    // Replayable work never waited for a sync.
+    replayable(write_one(&db)).await.unwrap();
 }
 
 /// A database in `dir` with a table `t` of integer keys.
@@ -146,4 +209,15 @@ async fn a_write_queued_ahead_lands_before_the_next() {
         assert_eq!(found, 1, "write {k} landed before the one after it");
         assert_eq!(landed.await.unwrap(), 1, "and says so");
     }
+}
+
+#[tokio::test]
+async fn a_log_deleted_by_hand_does_not_fail_every_write() {
+    let dir = entrega_testkit::TempDir::new("db-sync-deleted");
+    let db = SqliteDb::open(&dir.0.join("e.db")).unwrap();
+    write_one(&db).await.unwrap();
+    std::fs::remove_file(dir.0.join("e.db-wal")).unwrap();
+    // SQLite writes on into the log it holds open, and that is the file synced.
+    write_one(&db).await.unwrap();
+    assert!(!db.writes_failing());
 }

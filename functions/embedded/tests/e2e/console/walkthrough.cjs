@@ -124,8 +124,12 @@ async function main() {
 
   step("a window longer than the API resends is refused before anything is counted or sent");
   await page.getByLabel("Created from").fill("2026-01-01T00:00");
+  // The view is drawn anew once its data has loaded: until then the old view's button,
+  // with the old filters, is still there to be clicked.
+  const oldButton = await page.locator("#resend-matching").elementHandle();
   await page.getByRole("button", { name: "Apply filters" }).click();
   await page.waitForFunction(() => location.hash.includes("since="), null, WAIT);
+  await oldButton.waitForElementState("hidden", WAIT);
   await page.locator("#resend-matching").click();
   await page.locator("#resend-progress").getByText("A batch resend covers at most 14 days").waitFor(WAIT);
   assert.equal(await page.locator("dialog[open]").count(), 0, "no confirmation offered");
