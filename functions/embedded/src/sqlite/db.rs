@@ -67,9 +67,10 @@ const SYNC_QUEUE: usize = 1_024;
 /// How a commit is made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Durability {
-    /// Every commit is on disk before it is confirmed (the log synced after it, as
-    /// `synchronous=FULL` does, but off the writer's thread: see `writer::sync_loop`):
-    /// an accepted event survives a power loss. The default.
+    /// Every commit is on disk before it is confirmed: an accepted event survives a
+    /// power loss. The default.
+    // The log is synced after the commit, as `synchronous=FULL` does, but off the
+    // writer's thread (see `writer::sync_loop`).
     #[default]
     Full,
     /// Commits survive a crash of the process (`kill -9`), but the last ones may be
