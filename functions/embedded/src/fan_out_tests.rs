@@ -98,3 +98,72 @@ async fn the_poller_leaves_an_event_under_way_alone() {
         1
     );
 }
+
+/// The outbox poller takes no event before its publisher has been answered: the row is
+/// committed, and readers see it, before the log is synced, and only the answer lets
+/// the publish mark its fan-out under way. A sync held past the grace (a busy disk)
+/// must not let the poller fan the event out beside its publish.
+#[tokio::test]
+async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use entrega_core::ports::{Clock, EventStore};
+
+    let dir = entrega_testkit::TempDir::new("fan-out-unsynced");
+    let hold = Arc::new(AtomicBool::new(false));
+    let held = hold.clone();
+    let db = crate::sqlite::SqliteDb::open_syncing_with(
+        &dir.0.join("e.db"),
+        crate::sqlite::Durability::Full,
+        move |_| {
+            while held.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let store = SqliteStore::new(db, clock.clone());
+    let tenant = entrega_core::ids::TenantId::generate();
+    let event = |n: u32| Event {
+        id: format!("evt-{n}").parse().unwrap(),
+        tenant_id: tenant.clone(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: clock.now(),
+    };
+    let (answered, waiting) = (event(1), event(2));
+    store.publish(&answered).await.unwrap();
+    hold.store(true, Ordering::SeqCst);
+    let publishing = tokio::spawn({
+        let (store, waiting) = (store.clone(), waiting.clone());
+        async move { store.publish(&waiting).await }
+    });
+    entrega_testkit::eventually(Duration::from_secs(5), "the row committed", || async {
+        store
+            .get_event(&waiting.tenant_id, &waiting.id)
+            .await
+            .unwrap()
+            .map(drop)
+    })
+    .await;
+    clock.advance(INLINE_GRACE * 2);
+    let polled = tokio::spawn({
+        let store = store.clone();
+        async move { store.outbox_waiting(10, INLINE_GRACE).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!publishing.is_finished(), "the publish waits for its sync");
+    assert!(!polled.is_finished(), "so does the poller");
+    hold.store(false, Ordering::SeqCst);
+    let taken = polled.await.unwrap().unwrap();
+    assert!(
+        publishing.is_finished(),
+        "answered before the poller took it"
+    );
+    assert_eq!(
+        taken.iter().map(|e| e.id.to_string()).collect::<Vec<_>>(),
+        ["evt-1", "evt-2"]
+    );
+}

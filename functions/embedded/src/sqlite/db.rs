@@ -167,7 +167,7 @@ impl SqliteDb {
 
     /// Open with the given durability, syncing the log with `sync` (given the log
     /// file): tests give one that fails or holds.
-    pub(super) fn open_syncing_with(
+    pub(crate) fn open_syncing_with(
         path: &Path,
         durability: Durability,
         sync: impl Fn(&std::fs::File) -> std::io::Result<()> + Send + 'static,
@@ -283,6 +283,13 @@ impl SqliteDb {
         F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
     {
         self.queue(f, false).await
+    }
+
+    /// Return once everything committed before this call is as durable as
+    /// [`Durability`] makes it, and every durable caller of those commits has been
+    /// answered (the sync thread answers in commit order).
+    pub async fn synced(&self) -> StoreResult<()> {
+        self.queue(|_| Ok(()), true).await?.await
     }
 
     /// Whether a write failed (or a commit) within [`WRITES_FAILING_FOR`]: the

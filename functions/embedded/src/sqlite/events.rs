@@ -152,7 +152,8 @@ impl SqliteStore {
             % tenants.len();
         tenants.rotate_left(start);
         let per_tenant = OUTBOX_ROWS_PER_TENANT.min(limit.max(1) as i64);
-        self.db
+        let events = self
+            .db
             .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
                     "SELECT json FROM outbox WHERE fanned_out = 0 AND tenant_id = ?1
@@ -177,7 +178,16 @@ impl SqliteStore {
                 }
                 Ok(events)
             })
-            .await
+            .await?;
+        if !events.is_empty() {
+            // A row is committed, and readers see it, before the log is synced and
+            // its publisher answered; only then does the publish mark its fan-out under
+            // way. Taking a row before that (a sync held past the grace by a busy disk)
+            // fanned the event out twice at once: two messages a delivery, both sent.
+            // Past this wait, every row read has been synced and its publisher told.
+            self.db.synced().await?;
+        }
+        Ok(events)
     }
 
     /// Record that `event` has been fanned out (after its deliveries are queued).
