@@ -221,3 +221,57 @@ async fn a_log_deleted_by_hand_does_not_fail_every_write() {
     write_one(&db).await.unwrap();
     assert!(!db.writes_failing());
 }
+
+/// An answer remembered for a repeated request is given again only once it is synced:
+/// a reader sees it committed before then.
+#[tokio::test]
+async fn a_remembered_answer_is_recalled_only_once_synced() {
+    use entrega_core::ports::CounterStore;
+
+    let dir = entrega_testkit::TempDir::new("db-sync-recall");
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = hold.clone();
+    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, move |_| {
+        while held.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    })
+    .unwrap();
+    let store =
+        super::super::SqliteStore::new(db.clone(), Arc::new(entrega_core::ports::SystemClock));
+    hold.store(true, Ordering::SeqCst);
+    let remembering = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .remember_once("k", "202 accepted", std::time::Duration::from_secs(60))
+                .await
+        }
+    });
+    // Committed: a reader sees it.
+    entrega_testkit::eventually(std::time::Duration::from_secs(5), "the commit", || async {
+        db.get(|conn| {
+            Ok(conn.query_row("SELECT COUNT(*) FROM remembered", [], |r| {
+                r.get::<_, i64>(0)
+            })?)
+        })
+        .await
+        .unwrap()
+        .eq(&1)
+        .then_some(())
+    })
+    .await;
+    let recalling = tokio::spawn({
+        let store = store.clone();
+        async move { store.recall("k").await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!recalling.is_finished(), "recalled before it was synced");
+    hold.store(false, Ordering::SeqCst);
+    assert_eq!(
+        recalling.await.unwrap().unwrap().as_deref(),
+        Some("202 accepted")
+    );
+    assert_eq!(remembering.await.unwrap().unwrap(), None);
+}

@@ -152,7 +152,8 @@ impl CounterStore for SqliteStore {
     async fn recall(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
         let now = self.clock.now().timestamp();
-        self.db
+        let value = self
+            .db
             .get(move |conn| {
                 Ok(conn
                     .prepare_cached(
@@ -161,7 +162,14 @@ impl CounterStore for SqliteStore {
                     .query_row(params![key, now], |r| r.get(0))
                     .optional()?)
             })
-            .await
+            .await?;
+        if value.is_some() {
+            // What is remembered is an answer given again (a repeated request's): a
+            // reader sees it once committed, before its log is synced, and it must not
+            // be given before a power loss could no longer take it back.
+            self.db.synced().await?;
+        }
+        Ok(value)
     }
 
     async fn forget(&self, key: &str) -> StoreResult<()> {
