@@ -167,3 +167,59 @@ async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
         ["evt-1", "evt-2"]
     );
 }
+
+/// A publish whose caller stops waiting once its write is queued (a client that hangs
+/// up) still leaves its event where the outbox poller finds it.
+#[tokio::test]
+async fn the_poller_finds_an_event_whose_publisher_hung_up() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use entrega_core::ports::{Clock, EventStore};
+
+    let dir = entrega_testkit::TempDir::new("fan-out-hung-up");
+    let hold = Arc::new(AtomicBool::new(true));
+    let held = hold.clone();
+    let db = crate::sqlite::SqliteDb::open_syncing_with(
+        &dir.0.join("e.db"),
+        crate::sqlite::Durability::Full,
+        move |_| {
+            while held.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let store = SqliteStore::new(db, clock.clone());
+    let event = Event {
+        id: "evt-hung-up".parse().unwrap(),
+        tenant_id: entrega_core::ids::TenantId::generate(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: clock.now(),
+    };
+    let publishing = tokio::spawn({
+        let (store, event) = (store.clone(), event.clone());
+        async move { store.publish(&event).await }
+    });
+    entrega_testkit::eventually(Duration::from_secs(5), "the row committed", || async {
+        store
+            .get_event(&event.tenant_id, &event.id)
+            .await
+            .unwrap()
+            .map(drop)
+    })
+    .await;
+    publishing.abort();
+    assert!(publishing.await.unwrap_err().is_cancelled());
+    hold.store(false, Ordering::SeqCst);
+    clock.advance(INLINE_GRACE * 2);
+    let taken =
+        entrega_testkit::eventually(Duration::from_secs(5), "the poller's find", || async {
+            let taken = store.outbox_waiting(10, INLINE_GRACE).await.unwrap();
+            (!taken.is_empty()).then_some(taken)
+        })
+        .await;
+    assert_eq!(taken[0].id, event.id);
+}

@@ -100,6 +100,30 @@ pub async fn replayable<F: std::future::Future>(work: F) -> F::Output {
     REPLAYABLE.scope((), work).await
 }
 
+/// Run `work` to its end even if the caller stops waiting (a request cancelled by its
+/// client's disconnect): what a store does once its write has committed (the
+/// in-memory bookkeeping that lets a poller find the row) must not be skipped, or the
+/// committed row waits unseen until a restart. Keeps [`replayable`] as it was.
+pub async fn to_completion<T, F>(work: F) -> StoreResult<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = StoreResult<T>> + Send + 'static,
+{
+    let replayable_here = REPLAYABLE.try_with(|_| ()).is_ok();
+    tokio::spawn(async move {
+        if replayable_here {
+            REPLAYABLE.scope((), work).await
+        } else {
+            work.await
+        }
+    })
+    .await
+    .unwrap_or_else(|e| match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(_) => Err(StoreError::Backend("the database work was stopped".into())),
+    })
+}
+
 /// Read-only connections, each used by one blocking task at a time.
 struct Readers {
     idle: Mutex<Vec<Connection>>,
@@ -143,6 +167,8 @@ pub struct SqliteDb {
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
     /// When a write last failed (unix ms; 0: never), set by the writer thread.
     last_write_failure_ms: Arc<std::sync::atomic::AtomicI64>,
+    /// Why no write is made any more (a failed sync; see `writer::sync_loop`).
+    broken: Arc<std::sync::OnceLock<String>>,
 }
 
 fn tune(conn: &Connection, cache_kib: i64, mmap_bytes: i64) -> Result<(), rusqlite::Error> {
@@ -195,6 +221,7 @@ impl SqliteDb {
         checkpointer.pragma_update(None, "busy_timeout", BUSY_TIMEOUT_MS)?;
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         let last_write_failure_ms = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let broken = Arc::new(std::sync::OnceLock::new());
         let to_sync = match durability {
             Durability::Normal => None,
             Durability::Full => {
@@ -202,14 +229,23 @@ impl SqliteDb {
                 // resolved, which is what `path()` gives.
                 let log = open_log(&conn)?;
                 let (to_sync, waiting) = std::sync::mpsc::sync_channel(SYNC_QUEUE);
-                let failing = last_write_failure_ms.clone();
-                spawn("sync", move || sync_loop(waiting, || sync(&log), &failing))?;
+                let (failing, broken) = (last_write_failure_ms.clone(), broken.clone());
+                spawn("sync", move || {
+                    sync_loop(waiting, || sync(&log), &failing, &broken)
+                })?;
                 Some(to_sync)
             }
         };
         let failing = last_write_failure_ms.clone();
+        let writer_broken = broken.clone();
         spawn("writer", move || {
-            write_loop(conn, queued, Answers::new(to_sync), &failing)
+            write_loop(
+                conn,
+                queued,
+                Answers::new(to_sync),
+                &failing,
+                &writer_broken,
+            )
         })?;
         let alive = Arc::new(());
         let watch = Arc::downgrade(&alive);
@@ -223,6 +259,7 @@ impl SqliteDb {
             _alive: alive,
             publish_pages: Arc::default(),
             last_write_failure_ms,
+            broken,
         })
     }
 
@@ -300,7 +337,8 @@ impl SqliteDb {
         let failed = self
             .last_write_failure_ms
             .load(std::sync::atomic::Ordering::Relaxed);
-        failed > 0 && unix_ms() - failed < WRITES_FAILING_FOR.as_millis() as i64
+        self.broken.get().is_some()
+            || (failed > 0 && unix_ms() - failed < WRITES_FAILING_FOR.as_millis() as i64)
     }
 
     async fn queue<T, F>(

@@ -87,19 +87,36 @@ async fn a_slow_sync_holds_its_callers_but_not_the_writer() {
     durable.await.unwrap().unwrap();
 }
 
+/// One failed sync refuses every write after it, durable or not, until a restart: a
+/// later sync that succeeds says nothing of the pages the failed one could not write.
 #[tokio::test]
-async fn a_failed_sync_fails_its_callers_and_marks_the_database_failing() {
+async fn a_failed_sync_fails_its_callers_and_every_write_until_a_restart() {
     let dir = entrega_testkit::TempDir::new("db-sync-fails");
-    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, |_| {
-        Err(std::io::Error::other("the disk is gone"))
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let counted = syncs.clone();
+    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, move |_| {
+        // Only the second sync fails.
+        match counted.fetch_add(1, Ordering::SeqCst) {
+            1 => Err(std::io::Error::other("the disk is gone")),
+            _ => Ok(()),
+        }
     })
     .unwrap();
+    write_one(&db).await.unwrap();
     assert!(!db.writes_failing());
     let failed = write_one(&db).await.unwrap_err();
     assert!(failed.to_string().contains("the disk is gone"), "{failed}");
+    assert!(failed.to_string().contains("restarted"), "{failed}");
     assert!(db.writes_failing());
-    // Replayable work never waited for a sync.
-    replayable(write_one(&db)).await.unwrap();
+    for later in [write_one(&db).await, replayable(write_one(&db)).await] {
+        assert!(later.unwrap_err().to_string().contains("the disk is gone"));
+    }
+    assert_eq!(syncs.load(Ordering::SeqCst), 2, "no sync is tried again");
+    drop(db);
+    // A restart reads back what is on disk and writes again.
+    let reopened = SqliteDb::open(&dir.0.join("e.db")).unwrap();
+    write_one(&reopened).await.unwrap();
+    assert!(!reopened.writes_failing());
 }
 
 /// A database in `dir` with a table `t` of integer keys.

@@ -27,46 +27,8 @@ const OUTBOX_ROWS_PER_TENANT: i64 = 20;
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn publish(&self, event: &Event) -> StoreResult<Published> {
-        let json = serde_json::to_string(event).expect("an event serialises");
-        let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
-        let soft_limit = self.db.publish_page_limit();
-        // A refusal is an answer (`None`), not a failed write: a failed write makes the
-        // writer run its whole group again (see `writer.rs`).
-        let published = self
-            .db
-            .call(move |conn| {
-                if let Some(limit) = soft_limit {
-                    let used: i64 = conn.prepare_cached("SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())")?.query_row(
-                        [],
-                        |r| r.get(0),
-                    )?;
-                    if used >= limit {
-                        return Ok(None);
-                    }
-                }
-                let inserted = conn.prepare_cached("INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (tenant_id, id) DO NOTHING")?.execute(
-                    params![id, tenant, json],
-                )?;
-                if inserted == 1 {
-                    return Ok(Some(Published::Created));
-                }
-                let existing = read_event(conn, &tenant, &id)?
-                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                Ok(Some(Published::Existing(existing)))
-            })
-            .await?
-            .ok_or_else(|| {
-                StoreError::Backend(
-                    "the database is near its size limit (--max-db-size-mb): new events wait \
-                     until accepted ones are delivered"
-                        .into(),
-                )
-            })?;
-        if published == Published::Created {
-            self.outbox_pending.add(&event.tenant_id, 1);
-        }
-        Ok(published)
+        let (store, event) = (self.clone(), event.clone());
+        super::db::to_completion(async move { store.publish_now(&event).await }).await
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
@@ -120,6 +82,51 @@ impl EventStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// Store `event` in the outbox and count it for the outbox poller (see
+    /// [`EventStore::publish`], which runs this to completion).
+    async fn publish_now(&self, event: &Event) -> StoreResult<Published> {
+        let json = serde_json::to_string(event).expect("an event serialises");
+        let (id, tenant) = (event.id.to_string(), event.tenant_id.to_string());
+        let soft_limit = self.db.publish_page_limit();
+        // A refusal is an answer (`None`), not a failed write: a failed write makes the
+        // writer run its whole group again (see `writer.rs`).
+        let published = self
+            .db
+            .call(move |conn| {
+                if let Some(limit) = soft_limit {
+                    let used: i64 = conn.prepare_cached("SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())")?.query_row(
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    if used >= limit {
+                        return Ok(None);
+                    }
+                }
+                let inserted = conn.prepare_cached("INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (tenant_id, id) DO NOTHING")?.execute(
+                    params![id, tenant, json],
+                )?;
+                if inserted == 1 {
+                    return Ok(Some(Published::Created));
+                }
+                let existing = read_event(conn, &tenant, &id)?
+                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                Ok(Some(Published::Existing(existing)))
+            })
+            .await?
+            .ok_or_else(|| {
+                StoreError::Backend(
+                    "the database is near its size limit (--max-db-size-mb): new events wait \
+                     until accepted ones are delivered"
+                        .into(),
+                )
+            })?;
+        if published == Published::Created {
+            self.outbox_pending.add(&event.tenant_id, 1);
+        }
+        Ok(published)
+    }
+
     /// Events committed but not yet fanned out, up to `limit`, fair across tenants.
     ///
     /// The tenants with waiting events are known in memory, and each one's oldest rows

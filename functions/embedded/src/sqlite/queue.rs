@@ -54,6 +54,57 @@ fn parse_receipt(receipt: &str) -> Option<(i64, u64)> {
 }
 
 impl SqliteQueue {
+    /// Store `messages` and hand them to the scheduler (see [`MessageQueue::send`],
+    /// which runs this to completion: a row stored but not scheduled would wait unseen
+    /// until a restart).
+    async fn send_now(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
+        let (name, now) = (self.name, millis(self.clock.now()));
+        let rows: Vec<(String, Option<String>, u32, i64)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m.group.clone(),
+                    m.concurrency_key.clone(),
+                    m.concurrency_limit,
+                    now + m.delay.as_millis() as i64,
+                )
+            })
+            .collect();
+        let ids = self
+            .db
+            .call(move |conn| {
+                let mut ids = Vec::with_capacity(messages.len());
+                {
+                    let mut stmt = conn.prepare_cached(
+                        "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    )?;
+                    for m in &messages {
+                        let visible_at = now + m.delay.as_millis() as i64;
+                        stmt.execute(params![
+                            name,
+                            m.body,
+                            m.group,
+                            m.concurrency_key,
+                            m.concurrency_limit,
+                            visible_at
+                        ])?;
+                        ids.push(conn.last_insert_rowid());
+                    }
+                }
+                Ok(ids)
+            })
+            .await?;
+        {
+            let mut scheduler = self.scheduler();
+            for (id, (group, key, limit, visible_at)) in ids.into_iter().zip(rows) {
+                scheduler.insert(id, &group, key.as_deref(), limit, visible_at, now);
+            }
+        }
+        self.work.notify_one();
+        Ok(())
+    }
+
     /// The queue `name` in `db`, with its messages loaded. Every message is visible
     /// again at once unless it was delayed: no consumer of a previous process can
     /// still be running (the database lock sees to that).
@@ -151,51 +202,8 @@ impl MessageQueue for SqliteQueue {
         if messages.is_empty() {
             return Ok(());
         }
-        let (name, now) = (self.name, millis(self.clock.now()));
-        let rows: Vec<(String, Option<String>, u32, i64)> = messages
-            .iter()
-            .map(|m| {
-                (
-                    m.group.clone(),
-                    m.concurrency_key.clone(),
-                    m.concurrency_limit,
-                    now + m.delay.as_millis() as i64,
-                )
-            })
-            .collect();
-        let ids = self
-            .db
-            .call(move |conn| {
-                let mut ids = Vec::with_capacity(messages.len());
-                {
-                    let mut stmt = conn.prepare_cached(
-                        "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    )?;
-                    for m in &messages {
-                        let visible_at = now + m.delay.as_millis() as i64;
-                        stmt.execute(params![
-                            name,
-                            m.body,
-                            m.group,
-                            m.concurrency_key,
-                            m.concurrency_limit,
-                            visible_at
-                        ])?;
-                        ids.push(conn.last_insert_rowid());
-                    }
-                }
-                Ok(ids)
-            })
-            .await?;
-        {
-            let mut scheduler = self.scheduler();
-            for (id, (group, key, limit, visible_at)) in ids.into_iter().zip(rows) {
-                scheduler.insert(id, &group, key.as_deref(), limit, visible_at, now);
-            }
-        }
-        self.work.notify_one();
-        Ok(())
+        let queue = self.clone();
+        super::db::to_completion(async move { queue.send_now(messages).await }).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration) -> StoreResult<Vec<ReceivedMessage>> {

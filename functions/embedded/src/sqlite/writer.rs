@@ -209,11 +209,20 @@ pub(super) fn write_loop(
     mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
     mut answers: Answers,
     failing: &std::sync::atomic::AtomicI64,
+    broken: &std::sync::OnceLock<String>,
 ) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
     while let Some(first) = queued.blocking_recv() {
         group.push(first);
         take_queued(&mut queued, &mut group);
+        if let Some(why) = broken.get() {
+            // See `sync_loop`: no write is made once a sync has failed, durable or
+            // not (a lease the worker sends on must be one it can record the outcome of).
+            for job in group.drain(..) {
+                job.finish(Err(why.clone()));
+            }
+            continue;
+        }
         if group.len() >= BUSY_GROUP {
             // Under load, a moment's wait lets the callers this commit is about to
             // answer queue their next writes into it: fewer, fuller commits write
@@ -239,20 +248,39 @@ pub(super) fn write_loop(
 /// still syncs what `synchronous=NORMAL` syncs: the log's header whenever the log is
 /// reused after a checkpoint (so old frames are never taken for new ones), and the log
 /// before a checkpoint copies it into the database.
+///
+/// A failed sync breaks the database until the process restarts (`broken`): the jobs
+/// waiting for it, and every write after it, fail. Why not carry on: the kernel may
+/// have dropped the log pages it could not write and reported them clean, so a later
+/// sync that succeeds proves nothing about them, and after a power loss SQLite would
+/// stop reading the log at the lost frames, taking every later commit with it, each
+/// of which had been confirmed. A restart reads the log back from what is really on
+/// disk (as PostgreSQL, which stops on a failed fsync, does).
 pub(super) fn sync_loop(
     waiting: std::sync::mpsc::Receiver<Vec<Box<dyn WriteJob>>>,
     mut sync: impl FnMut() -> std::io::Result<()>,
     failing: &std::sync::atomic::AtomicI64,
+    broken: &std::sync::OnceLock<String>,
 ) {
     while let Ok(mut jobs) = waiting.recv() {
         while let Ok(more) = waiting.try_recv() {
             jobs.extend(more);
         }
-        let synced = sync().map_err(|e| format!("cannot sync the database's log: {e}"));
+        let synced = match broken.get() {
+            Some(why) => Err(why.clone()),
+            None => sync().map_err(|e| {
+                let why = format!(
+                    "the database's log could not be synced to disk ({e}): writes are refused \
+                     until Entrega is restarted; the last ones may or may not be stored \
+                     (publish again with the same event id)"
+                );
+                tracing::error!(reason = %why, "the database is broken");
+                broken.get_or_init(|| why).clone()
+            }),
+        };
         if synced.is_err() {
             // The work is committed (readers may see it) but maybe not on disk: its
-            // callers hear it failed, as for a failed commit, and the database is
-            // reported failing until a sync succeeds for a while.
+            // callers hear it failed, as for a failed commit.
             failing.store(super::db::unix_ms(), std::sync::atomic::Ordering::Relaxed);
         }
         for job in jobs {
