@@ -105,24 +105,12 @@ async fn the_poller_leaves_an_event_under_way_alone() {
 /// must not let the poller fan the event out beside its publish.
 #[tokio::test]
 async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
 
     use entrega_core::ports::{Clock, EventStore};
 
     let dir = entrega_testkit::TempDir::new("fan-out-unsynced");
-    let hold = Arc::new(AtomicBool::new(false));
-    let held = hold.clone();
-    let db = crate::sqlite::SqliteDb::open_syncing_with(
-        &dir.0.join("e.db"),
-        crate::sqlite::Durability::Full,
-        move |_| {
-            while held.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Ok(())
-        },
-    )
-    .unwrap();
+    let (db, hold) = crate::sqlite::SqliteDb::open_with_held_sync(&dir.0.join("e.db"), false);
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
     let store = SqliteStore::new(db, clock.clone());
     let tenant = entrega_core::ids::TenantId::generate();
@@ -172,24 +160,12 @@ async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
 /// up) still leaves its event where the outbox poller finds it.
 #[tokio::test]
 async fn the_poller_finds_an_event_whose_publisher_hung_up() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
 
     use entrega_core::ports::{Clock, EventStore};
 
     let dir = entrega_testkit::TempDir::new("fan-out-hung-up");
-    let hold = Arc::new(AtomicBool::new(true));
-    let held = hold.clone();
-    let db = crate::sqlite::SqliteDb::open_syncing_with(
-        &dir.0.join("e.db"),
-        crate::sqlite::Durability::Full,
-        move |_| {
-            while held.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Ok(())
-        },
-    )
-    .unwrap();
+    let (db, hold) = crate::sqlite::SqliteDb::open_with_held_sync(&dir.0.join("e.db"), true);
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
     let store = SqliteStore::new(db, clock.clone());
     let event = Event {

@@ -322,6 +322,26 @@ impl SqliteDb {
         self.queue(f, false).await
     }
 
+    /// A database at `path` whose log syncs wait while the flag returned is set (it
+    /// starts as `held`): its commits are readable, its durable callers unanswered.
+    #[cfg(test)]
+    pub(crate) fn open_with_held_sync(
+        path: &Path,
+        held: bool,
+    ) -> (Self, Arc<std::sync::atomic::AtomicBool>) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let hold = Arc::new(AtomicBool::new(held));
+        let holding = hold.clone();
+        let db = Self::open_syncing_with(path, Durability::Full, move |_| {
+            while holding.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(())
+        })
+        .expect("a database in a fresh directory opens");
+        (db, hold)
+    }
+
     /// Return once everything committed before this call is as durable as
     /// [`Durability`] makes it, and every durable caller of those commits has been
     /// answered (the sync thread answers in commit order).

@@ -246,15 +246,7 @@ async fn a_remembered_answer_is_recalled_only_once_synced() {
     use entrega_core::ports::CounterStore;
 
     let dir = entrega_testkit::TempDir::new("db-sync-recall");
-    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let held = hold.clone();
-    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, move |_| {
-        while held.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        Ok(())
-    })
-    .unwrap();
+    let (db, hold) = SqliteDb::open_with_held_sync(&dir.0.join("e.db"), false);
     let store =
         super::super::SqliteStore::new(db.clone(), Arc::new(entrega_core::ports::SystemClock));
     hold.store(true, Ordering::SeqCst);
