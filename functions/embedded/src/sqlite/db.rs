@@ -17,7 +17,8 @@ use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::writer::{sync_loop, write_loop, Answers, Detached, Job, Work, WriteJob};
+use super::sync::{open_log, sync_loop, Answers, SYNC_QUEUE};
+use super::writer::{write_loop, Detached, Job, Work, WriteJob};
 use super::{schema, DbError};
 
 /// How long a statement waits for a lock held by another connection (an operator's
@@ -59,10 +60,6 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
 /// Prepared statements kept per connection (every statement the store uses fits).
 const STATEMENT_CACHE: usize = 128;
-
-/// Committed groups waiting for the sync thread at most; past it the writer waits
-/// (the callers in them are waiting too, so this bounds nothing that grows by itself).
-const SYNC_QUEUE: usize = 1_024;
 
 /// How a commit is made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -225,8 +222,6 @@ impl SqliteDb {
         let to_sync = match durability {
             Durability::Normal => None,
             Durability::Full => {
-                // SQLite names the log after the database's full path, symlinks
-                // resolved, which is what `path()` gives.
                 let log = open_log(&conn)?;
                 let (to_sync, waiting) = std::sync::mpsc::sync_channel(SYNC_QUEUE);
                 let (failing, broken) = (last_write_failure_ms.clone(), broken.clone());
@@ -453,23 +448,6 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("database read failed: {e}")))?
         .map_err(StoreError::from)
     }
-}
-
-/// The log file `conn` writes, opened once to be synced (`File::sync_data`,
-/// `fdatasync`: its data and size). A sync covers whatever was written to the file
-/// through any descriptor. Opened once, not by name at each sync: SQLite keeps the
-/// same log file open as long as a connection is, and by name a log deleted by hand
-/// would fail every sync while SQLite goes on writing the file it holds.
-fn open_log(conn: &Connection) -> Result<std::fs::File, rusqlite::Error> {
-    // SQLite names the log after the database's full path, symlinks resolved, which is
-    // what `path()` gives; the log exists once the schema has been written.
-    let path = format!("{}-wal", conn.path().unwrap_or_default());
-    std::fs::File::open(&path).map_err(|e| {
-        rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-            Some(format!("cannot open the database's log {path}: {e}")),
-        )
-    })
 }
 
 /// Now, in unix milliseconds (the writer's own bookkeeping, not the clock port's).

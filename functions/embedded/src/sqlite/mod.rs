@@ -14,6 +14,7 @@ mod lanes;
 pub mod prefetch;
 pub mod queue;
 mod schema;
+mod sync;
 mod tenants;
 mod writer;
 

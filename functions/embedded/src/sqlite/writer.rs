@@ -4,6 +4,7 @@
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::sync::Answers;
 use super::DbError;
 
 /// Writes committed together at most: bounds how long the first caller of a group
@@ -153,48 +154,6 @@ where
     }
 }
 
-/// Where the writer hands committed work: straight back to its callers, or, for
-/// callers who must not hear "done" before their work is on disk, to the sync thread.
-pub(super) struct Answers {
-    /// The sync thread's queue; `None` when no commit waits for the disk
-    /// (`Durability::Normal`).
-    to_sync: Option<std::sync::mpsc::SyncSender<Vec<Box<dyn WriteJob>>>>,
-    /// This group's jobs that wait for the next sync.
-    waiting: Vec<Box<dyn WriteJob>>,
-}
-
-impl Answers {
-    pub fn new(to_sync: Option<std::sync::mpsc::SyncSender<Vec<Box<dyn WriteJob>>>>) -> Self {
-        Self {
-            to_sync,
-            waiting: Vec::new(),
-        }
-    }
-
-    /// `job`'s transaction ended: answer it now, or once the log is on disk.
-    fn give(&mut self, job: Box<dyn WriteJob>, committed: Result<(), String>) {
-        if committed.is_ok() && job.durable() && self.to_sync.is_some() {
-            self.waiting.push(job);
-        } else {
-            job.finish(committed);
-        }
-    }
-
-    /// Hand this group's waiting jobs to the sync thread (after their commit).
-    fn hand_over(&mut self) {
-        if self.waiting.is_empty() {
-            return;
-        }
-        let jobs = std::mem::take(&mut self.waiting);
-        let Some(to_sync) = &self.to_sync else { return };
-        if let Err(std::sync::mpsc::SendError(jobs)) = to_sync.send(jobs) {
-            for job in jobs {
-                job.finish(Err("the database's sync thread has stopped".to_owned()));
-            }
-        }
-    }
-}
-
 /// The writer thread: take what is queued (at most [`MAX_GROUP`]), run it in one
 /// transaction, commit once, then answer every caller (see [`Answers`]).
 ///
@@ -233,58 +192,6 @@ pub(super) fn write_loop(
         while !group.is_empty() {
             commit_group(&mut conn, &mut group, &mut answers, failing);
             answers.hand_over();
-        }
-    }
-}
-
-/// The sync thread: sync the log whenever committed work waits for it, then answer
-/// every job that was committed before the sync began. Jobs that arrive during a
-/// sync wait for the next one: their commit may have come after the sync started.
-///
-/// Why this is as durable as `synchronous=FULL`: in WAL mode a commit is the log's
-/// frames written in order, and after a power loss SQLite keeps the frames up to the
-/// last whole commit whose checksums hold. A sync of the log file once a commit has
-/// been written puts that commit, and every one before it, on disk. SQLite itself
-/// still syncs what `synchronous=NORMAL` syncs: the log's header whenever the log is
-/// reused after a checkpoint (so old frames are never taken for new ones), and the log
-/// before a checkpoint copies it into the database.
-///
-/// A failed sync breaks the database until the process restarts (`broken`): the jobs
-/// waiting for it, and every write after it, fail. Why not carry on: the kernel may
-/// have dropped the log pages it could not write and reported them clean, so a later
-/// sync that succeeds proves nothing about them, and after a power loss SQLite would
-/// stop reading the log at the lost frames, taking every later commit with it, each
-/// of which had been confirmed. A restart reads the log back from what is really on
-/// disk (as PostgreSQL, which stops on a failed fsync, does).
-pub(super) fn sync_loop(
-    waiting: std::sync::mpsc::Receiver<Vec<Box<dyn WriteJob>>>,
-    mut sync: impl FnMut() -> std::io::Result<()>,
-    failing: &std::sync::atomic::AtomicI64,
-    broken: &std::sync::OnceLock<String>,
-) {
-    while let Ok(mut jobs) = waiting.recv() {
-        while let Ok(more) = waiting.try_recv() {
-            jobs.extend(more);
-        }
-        let synced = match broken.get() {
-            Some(why) => Err(why.clone()),
-            None => sync().map_err(|e| {
-                let why = format!(
-                    "the database's log could not be synced to disk ({e}): writes are refused \
-                     until Entrega is restarted; the last ones may or may not be stored \
-                     (publish again with the same event id)"
-                );
-                tracing::error!(reason = %why, "the database is broken");
-                broken.get_or_init(|| why).clone()
-            }),
-        };
-        if synced.is_err() {
-            // The work is committed (readers may see it) but maybe not on disk: its
-            // callers hear it failed, as for a failed commit.
-            failing.store(super::db::unix_ms(), std::sync::atomic::Ordering::Relaxed);
-        }
-        for job in jobs {
-            job.finish(synced.clone());
         }
     }
 }
