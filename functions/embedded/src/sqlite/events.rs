@@ -116,8 +116,9 @@ impl SqliteStore {
             .await?
             .ok_or_else(|| {
                 StoreError::Backend(
-                    "the database is near its size limit (--max-db-size-mb): new events wait \
-                     until accepted ones are delivered"
+                    "the database is near its size limit (--max-db-size-mb): new events are \
+                     refused while three quarters of it are in use, the rest kept for \
+                     delivering what was accepted; records are kept, so raise the limit"
                         .into(),
                 )
             })?;
