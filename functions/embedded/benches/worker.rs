@@ -18,7 +18,7 @@ use entrega_core::event::Event;
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::SystemClock;
 use entrega_core::tenant::Tenant;
-use entrega_embedded::fan_out::fan_out_committed;
+use entrega_embedded::fan_out::{fan_out_committed, FanOutsUnderWay};
 use entrega_embedded::runtime::Runtime;
 use entrega_embedded::serve::open_sqlite_parts;
 use entrega_embedded::sqlite::Durability;
@@ -92,7 +92,7 @@ async fn main() {
         };
         services.store.publish(&event).await.unwrap();
         // Marked fanned out, so the outbox poller does not fan it out again.
-        fan_out_committed(&services, &parts.store, &event)
+        fan_out_committed(&services, &parts.store, &FanOutsUnderWay::default(), &event)
             .await
             .unwrap();
     }

@@ -4,7 +4,7 @@
 //! alone what they are fanning out, so no event is fanned out twice at once (that
 //! would queue two messages for each of its deliveries, and both could be sent).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use entrega_core::event::Event;
@@ -20,29 +20,31 @@ use crate::sqlite::SqliteStore;
 /// later), so a flood of publishes cannot pile up tasks without bound.
 pub const FAN_OUTS_BESIDE_REQUESTS: usize = 1_024;
 
-/// The events being fanned out here, which the outbox poller leaves alone.
+/// The events being fanned out here, which the outbox poller leaves alone: from a
+/// publish's start of its fan-out, or a poller's, until the outbox row's mark has
+/// committed. Counted: a publish and its fan-out each hold a mark.
 #[derive(Clone, Default)]
-pub struct FanOutsUnderWay(Arc<Mutex<HashSet<(String, String)>>>);
+pub struct FanOutsUnderWay(Arc<Mutex<HashMap<(String, String), usize>>>);
 
 impl FanOutsUnderWay {
     fn key(event: &Event) -> (String, String) {
         (event.tenant_id.to_string(), event.id.to_string())
     }
 
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), usize>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `event` is being fanned out here.
     pub fn contains(&self, event: &Event) -> bool {
-        self.set().contains(&Self::key(event))
+        self.set().contains_key(&Self::key(event))
     }
 
     /// Mark `event` under way until the guard is dropped (also if the task holding it
     /// is cancelled: an event left marked would never be fanned out by the poller).
     fn start(&self, event: &Event) -> UnderWay {
         let key = Self::key(event);
-        self.set().insert(key.clone());
+        *self.set().entry(key.clone()).or_default() += 1;
         UnderWay {
             set: self.clone(),
             key,
@@ -57,24 +59,34 @@ struct UnderWay {
 
 impl Drop for UnderWay {
     fn drop(&mut self) {
-        self.set.set().remove(&self.key);
+        let mut set = self.set.set();
+        if let Some(held) = set.get_mut(&self.key) {
+            *held -= 1;
+            if *held == 0 {
+                set.remove(&self.key);
+            }
+        }
     }
 }
 
-/// Fan a committed event out, then mark its outbox row. Marked only after its
-/// deliveries are queued: a crash between the two replays the fan-out, which is
-/// idempotent.
+/// Fan a committed event out, then mark its outbox row, holding `event` under way
+/// until the mark has committed. Marked only after its deliveries are queued: a crash
+/// between the two replays the fan-out. Held until then: a poll that read the row
+/// before its mark committed fanned the event out again (a second message for each
+/// delivery, both sent at once).
 ///
 /// Its writes are [`replayable`]: the outbox row is already durable, so they commit
 /// without waiting for the disk (see there for why that loses nothing).
 pub async fn fan_out_committed(
     services: &Services,
     store: &SqliteStore,
+    under_way: &FanOutsUnderWay,
     event: &Event,
 ) -> Result<(), StoreError> {
+    let until_marked = under_way.start(event);
     replayable(async {
         fan_out(services, event).await?;
-        store.mark_fanned_out(event).await
+        store.mark_fanned_out(event, until_marked).await
     })
     .await
 }
@@ -91,7 +103,8 @@ pub struct InlineFanOut {
 impl InlineFanOut {
     /// Fan `event` out; a failure is left to the outbox poller.
     async fn fan_out(&self, event: &Event) {
-        if let Err(e) = fan_out_committed(&self.services, &self.store, event).await {
+        if let Err(e) = fan_out_committed(&self.services, &self.store, &self.under_way, event).await
+        {
             tracing::debug!(event_id = %event.id, error = %e, "fan-out after publish failed; the outbox poller retries it");
         }
     }

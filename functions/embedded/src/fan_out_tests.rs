@@ -199,3 +199,67 @@ async fn the_poller_finds_an_event_whose_publisher_hung_up() {
         .await;
     assert_eq!(taken[0].id, event.id);
 }
+
+/// An event stays under way until its outbox row's mark has committed: a poll that
+/// read the row before then would fan it out a second time (two messages a delivery,
+/// both sent at once).
+#[tokio::test]
+async fn an_event_stays_under_way_until_its_mark_commits() {
+    use entrega_core::ports::EventStore;
+
+    let dir = entrega_testkit::TempDir::new("fan-out-mark");
+    let (db, _) = crate::sqlite::SqliteDb::open_with_held_sync(&dir.0.join("e.db"), false);
+    let store = SqliteStore::new(db.clone(), Arc::new(SystemClock));
+    let event = Event {
+        id: "evt-marked".parse().unwrap(),
+        tenant_id: entrega_core::ids::TenantId::generate(),
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        created_at: chrono::Utc::now(),
+    };
+    store.publish(&event).await.unwrap();
+    let under_way = FanOutsUnderWay::default();
+    // A publish's own mark, held beside the fan-out's (the marks are counted).
+    let publish_mark = under_way.start(&event);
+    // The writer busy with another write: the mark waits behind it.
+    let (release, busy) = std::sync::mpsc::channel::<()>();
+    db.call_detached(
+        "hold the writer",
+        move |_| {
+            let _ = busy.recv();
+            Ok(())
+        },
+        |_| {},
+    );
+    store
+        .mark_fanned_out(&event, under_way.start(&event))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        under_way.contains(&event),
+        "under way until the mark commits"
+    );
+    release.send(()).unwrap();
+    entrega_testkit::eventually(Duration::from_secs(5), "the mark committed", || async {
+        store
+            .outbox_waiting(10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(under_way.contains(&event), "the publish's mark still holds");
+    drop(publish_mark);
+    // The fan-out's own mark goes as the writer thread ends the commit.
+    entrega_testkit::eventually(Duration::from_secs(5), "no mark left", || async {
+        (!under_way.contains(&event)).then_some(())
+    })
+    .await;
+    assert!(store
+        .outbox_waiting(10, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -157,7 +157,8 @@ impl Runtime {
         let mut fanned_out = false;
         for event in &events {
             if !self.fan_outs_under_way.contains(event) {
-                fan_out_committed(&self.services, &self.store, event).await?;
+                fan_out_committed(&self.services, &self.store, &self.fan_outs_under_way, event)
+                    .await?;
                 fanned_out = true;
             }
         }

@@ -198,10 +198,16 @@ impl SqliteStore {
         Ok(events)
     }
 
-    /// Record that `event` has been fanned out (after its deliveries are queued).
-    /// Nobody waits for it: if a crash loses it, the outbox poller fans the event out
-    /// again, which finds its deliveries made and queues nothing new.
-    pub async fn mark_fanned_out(&self, event: &Event) -> StoreResult<()> {
+    /// Record that `event` has been fanned out (after its deliveries are queued), and
+    /// drop `until_marked` once that is committed (or has failed). Nobody waits for
+    /// it: if a crash loses it, the outbox poller fans the event out again, which finds
+    /// its deliveries made, and queues a message again for each one not yet tried
+    /// (at least once).
+    pub async fn mark_fanned_out(
+        &self,
+        event: &Event,
+        until_marked: impl Send + 'static,
+    ) -> StoreResult<()> {
         let tenant = event.tenant_id.clone();
         let id = event.id.to_string();
         let pending = self.outbox_pending.clone();
@@ -223,6 +229,7 @@ impl SqliteStore {
                 if marked == 1 {
                     pending.add(&tenant, -1);
                 }
+                drop(until_marked);
             },
         );
         Ok(())
