@@ -76,13 +76,7 @@ async fn a_resume_hands_over_where_it_stopped() {
     assert_eq!(closing.len(), 1);
     assert!(closing[0].closing && closing[0].cursor.is_none());
     assert_eq!(resume_step(&world.services, &closing[0]).await.unwrap(), 1);
-    let stored = world
-        .services
-        .store
-        .get_delivery(&late.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = world.stored_delivery(&late.id).await;
     assert_eq!(stored.state, DeliveryState::Pending);
     let after = world
         .services
@@ -141,13 +135,7 @@ async fn a_deleted_endpoints_paused_deliveries_end_a_step_at_a_time() {
     // its own re-read of the endpoint ends it.
     let late = world.add_delivery(&endpoint, paused).await.unwrap();
     resume_if_enabled(&world.services, &late).await.unwrap();
-    let stored = world
-        .services
-        .store
-        .get_delivery(&late.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = world.stored_delivery(&late.id).await;
     assert_eq!(stored.state, DeliveryState::Failed);
     assert_eq!(
         stored.last_error.as_deref(),

@@ -92,13 +92,7 @@ impl Case {
     }
 
     async fn delivery(&self, id: &crate::ids::DeliveryId) -> Delivery {
-        self.world
-            .services
-            .store
-            .get_delivery(id)
-            .await
-            .unwrap()
-            .unwrap()
+        self.world.stored_delivery(id).await
     }
 
     async fn attempts(&self, id: &crate::ids::DeliveryId) -> Vec<crate::delivery::Attempt> {

@@ -190,6 +190,12 @@ impl World {
         (world, endpoint)
     }
 
+    /// The delivery `id` as stored now (it must be stored).
+    pub async fn stored_delivery(&self, id: &DeliveryId) -> Delivery {
+        let stored = self.services.store.get_delivery(id).await;
+        stored.unwrap().expect("the delivery is stored")
+    }
+
     /// A delivery to `endpoint` of a new event made now, set up by `configure`, stored
     /// without a message (as if its message were lost, or never needed).
     pub async fn add_delivery(
