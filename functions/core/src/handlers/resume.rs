@@ -90,25 +90,20 @@ pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<
     if endpoint.disabled {
         return Ok(0);
     }
-    let mut resumed = 0;
-    let mut cursor = task.cursor.clone();
-    for _ in 0..RESUME_BATCHES_PER_STEP {
-        let (moved, next) = resume_batch(services, &endpoint, cursor.as_deref()).await?;
-        resumed += moved;
-        match next {
-            None if task.closing => return Ok(resumed),
-            None => {
-                // The first pass is through: one more, from the start, a little later.
-                let closing =
-                    ResumeTask::message_from(&endpoint, None, true, RESUME_CLOSING_PASS_DELAY);
-                services.deliveries.send(vec![closing]).await?;
-                return Ok(resumed);
-            }
-            next => cursor = next,
+    let endpoint = &endpoint;
+    let (resumed, left) = walk_paused(services, task, move |page| {
+        unpause(services, endpoint, page)
+    })
+    .await?;
+    let next = match left {
+        // More may wait: hand over to a fresh message (and, on AWS, a fresh invocation).
+        Some(cursor) => {
+            ResumeTask::message_from(endpoint, Some(cursor), task.closing, Duration::ZERO)
         }
-    }
-    // More may wait: hand over to a fresh message (and, on AWS, a fresh invocation).
-    let next = ResumeTask::message_from(&endpoint, cursor, task.closing, Duration::ZERO);
+        None if task.closing => return Ok(resumed),
+        // The first pass is through: one more, from the start, a little later.
+        None => ResumeTask::message_from(endpoint, None, true, RESUME_CLOSING_PASS_DELAY),
+    };
     services.deliveries.send(vec![next]).await?;
     Ok(resumed)
 }
@@ -118,32 +113,55 @@ pub async fn resume_step(services: &Services, task: &ResumeTask) -> StoreResult<
 /// the worker ends a delivery whose endpoint is gone (failed, "the endpoint was
 /// deleted"), a bounded step at a time like a resume; how many ended.
 async fn end_paused_of_deleted(services: &Services, task: &ResumeTask) -> StoreResult<usize> {
-    let mut ended = 0;
+    let (ended, left) = walk_paused(services, task, move |page| async move {
+        let mut ended = 0;
+        for paused in &page {
+            if end_for_deleted_endpoint(services, paused).await? {
+                ended += 1;
+            }
+        }
+        Ok(ended)
+    })
+    .await?;
+    if let Some(cursor) = left {
+        let next = ResumeTask {
+            cursor: Some(cursor),
+            ..task.clone()
+        };
+        services
+            .deliveries
+            .send(vec![next.into_message(Duration::ZERO)])
+            .await?;
+    }
+    Ok(ended)
+}
+
+/// Up to [`RESUME_BATCHES_PER_STEP`] pages of [`RESUME_BATCH`] of the task's endpoint's
+/// paused deliveries, from its cursor, each handed to `each_page`: the sum of what it
+/// counted, and where the walk stopped (`None`: through to the end).
+async fn walk_paused<F, Fut>(
+    services: &Services,
+    task: &ResumeTask,
+    mut each_page: F,
+) -> StoreResult<(usize, Option<String>)>
+where
+    F: FnMut(Vec<Delivery>) -> Fut,
+    Fut: std::future::Future<Output = StoreResult<usize>>,
+{
+    let mut counted = 0;
     let mut cursor = task.cursor.clone();
     for _ in 0..RESUME_BATCHES_PER_STEP {
         let page = services
             .store
             .paused_deliveries(&task.resume_endpoint, cursor.as_deref(), RESUME_BATCH)
             .await?;
-        for paused in page.data {
-            if end_for_deleted_endpoint(services, &paused).await? {
-                ended += 1;
-            }
-        }
+        counted += each_page(page.data).await?;
         match page.next_cursor {
-            None => return Ok(ended),
+            None => return Ok((counted, None)),
             next => cursor = next,
         }
     }
-    let next = ResumeTask {
-        cursor,
-        ..task.clone()
-    };
-    services
-        .deliveries
-        .send(vec![next.into_message(Duration::ZERO)])
-        .await?;
-    Ok(ended)
+    Ok((counted, cursor))
 }
 
 /// End `delivery`, whose endpoint is gone; whether this write did (a delivery changed
@@ -154,21 +172,6 @@ async fn end_for_deleted_endpoint(services: &Services, delivery: &Delivery) -> S
     };
     let saved = super::worker::save_unless_changed(services, delivery, &ended).await?;
     Ok(saved.is_some())
-}
-
-/// Queue up to [`RESUME_BATCH`] paused deliveries from `cursor`: how many were moved
-/// (fewer than found when the worker owns some), and where to go on (`None`: done).
-async fn resume_batch(
-    services: &Services,
-    endpoint: &Endpoint,
-    cursor: Option<&str>,
-) -> StoreResult<(usize, Option<String>)> {
-    let page = services
-        .store
-        .paused_deliveries(&endpoint.id, cursor, RESUME_BATCH)
-        .await?;
-    let moved = unpause(services, endpoint, page.data).await?;
-    Ok((moved, page.next_cursor))
 }
 
 /// A delivery just paused because its endpoint read disabled: read the endpoint again
