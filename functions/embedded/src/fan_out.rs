@@ -113,7 +113,7 @@ impl InlineFanOut {
 #[async_trait::async_trait]
 impl entrega_http::api::AfterPublish for InlineFanOut {
     async fn published(&self, event: &Event) {
-        let _marked = self.under_way.start(event);
+        // Under way from here until its mark commits: `fan_out_committed` holds it.
         self.fan_out(event).await;
     }
 }
