@@ -61,13 +61,7 @@ async fn normal_durability_never_syncs_a_commit() {
 #[tokio::test]
 async fn a_slow_sync_holds_its_callers_but_not_the_writer() {
     let dir = entrega_testkit::TempDir::new("db-sync-held");
-    let (release, held) = std::sync::mpsc::channel::<()>();
-    let held = std::sync::Mutex::new(held);
-    let db = SqliteDb::open_syncing_with(&dir.0.join("e.db"), Durability::Full, move |_| {
-        let _ = held.lock().unwrap().recv();
-        Ok(())
-    })
-    .unwrap();
+    let (db, hold) = SqliteDb::open_with_held_sync(&dir.0.join("e.db"), true);
     let durable = tokio::spawn({
         let db = db.clone();
         async move { write_one(&db).await }
@@ -83,7 +77,7 @@ async fn a_slow_sync_holds_its_callers_but_not_the_writer() {
         .unwrap();
     assert_eq!(value, 21);
     assert!(!durable.is_finished(), "answered before its sync");
-    release.send(()).unwrap();
+    hold.store(false, Ordering::SeqCst);
     durable.await.unwrap().unwrap();
 }
 
