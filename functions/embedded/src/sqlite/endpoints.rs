@@ -1,6 +1,8 @@
 //! Endpoints in SQLite: the configuration and the health record in one row, each
 //! under its own version.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
@@ -61,6 +63,19 @@ impl VersionedColumns {
 }
 
 impl SqliteStore {
+    /// Run `work`, a write to the endpoints table, then drop every cached list of
+    /// endpoints (whatever came of it: a commit whose answer was lost may have landed),
+    /// before the caller hears of it.
+    async fn write_endpoints<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let result = self.db.call(work).await;
+        self.endpoint_lists.invalidate();
+        result
+    }
+
     /// Write one part of the endpoint if its stored version is still `expected`, and
     /// bump that version; a `Conflict` otherwise.
     async fn versioned_update(
@@ -74,8 +89,7 @@ impl SqliteStore {
         // A conflict is an answer (`Ok(false)`), not a failed write: a failed write
         // makes the writer run its whole group again (see `writer.rs`).
         let updated = self
-            .db
-            .call(move |conn| {
+            .write_endpoints(move |conn| {
                 let n = conn
                     .prepare_cached(&format!(
                         "UPDATE endpoints SET {json} = ?2, {version} = {version} + 1
@@ -106,15 +120,12 @@ impl EndpointStore for SqliteStore {
             endpoint.tenant_id.to_string(),
             config_json(endpoint),
         );
-        self.db
-            .call(move |conn| {
-                conn.prepare_cached(
-                    "INSERT INTO endpoints (id, tenant_id, json) VALUES (?1, ?2, ?3)",
-                )?
+        self.write_endpoints(move |conn| {
+            conn.prepare_cached("INSERT INTO endpoints (id, tenant_id, json) VALUES (?1, ?2, ?3)")?
                 .execute(params![id, tenant, json])?;
-                Ok(())
-            })
-            .await
+            Ok(())
+        })
+        .await
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
@@ -154,13 +165,12 @@ impl EndpointStore for SqliteStore {
 
     async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()> {
         let id = id.to_string();
-        self.db
-            .call(move |conn| {
-                conn.prepare_cached("DELETE FROM endpoints WHERE id = ?1")?
-                    .execute([&id])?;
-                Ok(())
-            })
-            .await
+        self.write_endpoints(move |conn| {
+            conn.prepare_cached("DELETE FROM endpoints WHERE id = ?1")?
+                .execute([&id])?;
+            Ok(())
+        })
+        .await
     }
 
     async fn list_endpoints(
@@ -191,17 +201,26 @@ impl EndpointStore for SqliteStore {
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
-        let tenant = tenant.to_string();
-        self.db
+        let (tenant, now) = (tenant.to_string(), self.clock.now());
+        if let Some(endpoints) = self.endpoint_lists.get(&tenant, now) {
+            return Ok(endpoints.as_ref().clone());
+        }
+        let read_at = self.endpoint_lists.generation();
+        let key = tenant.clone();
+        let endpoints: Vec<Endpoint> = self
+            .db
             .get(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM endpoints WHERE tenant_id = ?1"
                 ))?;
                 let rows = stmt
-                    .query_map([tenant], from_row)?
+                    .query_map([key.as_str()], from_row)?
                     .collect::<Result<Vec<_>, _>>()?;
-                rows.into_iter().map(decode).collect()
+                rows.into_iter().map(decode).collect::<Result<Vec<_>, _>>()
             })
-            .await
+            .await?;
+        self.endpoint_lists
+            .put(tenant, Arc::new(endpoints.clone()), read_at, now);
+        Ok(endpoints)
     }
 }

@@ -13,6 +13,7 @@ mod failures;
 mod lanes;
 pub mod prefetch;
 pub mod queue;
+mod read_cache;
 mod schema;
 mod sync;
 mod tenants;
@@ -104,6 +105,10 @@ pub struct SqliteStore {
     outbox_pending: backlog::TenantCounts,
     /// Which tenant the next outbox poll starts with (round-robin).
     outbox_turn: Arc<std::sync::atomic::AtomicUsize>,
+    /// The principal each API key hash names (keys are never changed or removed).
+    principals: Arc<read_cache::ReadCache<String, entrega_core::tenant::Principal>>,
+    /// Each tenant's endpoints, as the fan-out reads them.
+    endpoint_lists: Arc<read_cache::ReadCache<String, Arc<Vec<entrega_core::endpoint::Endpoint>>>>,
 }
 
 impl SqliteStore {
@@ -113,6 +118,8 @@ impl SqliteStore {
             clock,
             outbox_pending: backlog::TenantCounts::default(),
             outbox_turn: Arc::default(),
+            principals: Arc::default(),
+            endpoint_lists: Arc::default(),
         }
     }
 

@@ -77,8 +77,14 @@ impl TenantStore for SqliteStore {
     }
 
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
+        let now = self.clock.now();
+        if let Some(principal) = self.principals.get(&api_key_hash.to_owned(), now) {
+            return Ok(Some(principal));
+        }
+        let read_at = self.principals.generation();
         let hash = api_key_hash.to_owned();
-        self.db
+        let found: Option<Principal> = self
+            .db
             .get(move |conn| {
                 json_row(
                     conn,
@@ -86,7 +92,14 @@ impl TenantStore for SqliteStore {
                     [hash],
                 )
             })
-            .await
+            .await?;
+        // Only keys that exist are kept: a wrong key is read again each time, so a
+        // flood of them cannot push the real ones out.
+        if let Some(principal) = &found {
+            self.principals
+                .put(api_key_hash.to_owned(), principal.clone(), read_at, now);
+        }
+        Ok(found)
     }
 
     async fn has_admin_key(&self) -> StoreResult<bool> {
