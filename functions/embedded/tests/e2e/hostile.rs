@@ -588,6 +588,72 @@ async fn batch_resend_deduplicates_and_a_refused_request_frees_its_key() {
     );
 }
 
+/// A resend by id, or of a failure, repeated under one Idempotency-Key (a support
+/// desk's script trying again after an answer it never got) resends once and answers
+/// as it did the first time; the key named again for another delivery is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resend_repeated_under_one_key_resends_once() {
+    let dir = TempDir::new("resend-one-key");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(vec![Reply::status(400)], Reply::status(200)).await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let failed_event = acme.publish("a.b", json!({})).await;
+    let failure = eventually(Duration::from_secs(10), "a failure", || async {
+        let (_, page) = acme.get("/v1/failures").await;
+        page["data"][0]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    let delivered_event = acme.publish("a.b", json!({})).await;
+    let dlv = eventually(Duration::from_secs(10), "delivered", || async {
+        let d = acme.deliveries_of(&delivered_event).await;
+        (d.first()?["status"] == "delivered").then(|| d[0]["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    let post = |path: String, key: &'static str| {
+        let acme = acme.clone();
+        async move {
+            let resp = acme
+                .client
+                .post(format!("{}{path}", acme.base))
+                .bearer_auth(&acme.key)
+                .header("idempotency-key", key)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    for (path, key) in [
+        (format!("/v1/failures/{failure}/resend"), "failure-1"),
+        (format!("/v1/deliveries/{dlv}/resend"), "delivery-1"),
+    ] {
+        let (status, first) = post(path.clone(), key).await;
+        assert_eq!(status, 202, "{first}");
+        let (status, again) = post(path, key).await;
+        assert_eq!((status, &again), (202, &first), "the first answer again");
+    }
+    eventually(Duration::from_secs(10), "each resent", || async {
+        (receiver.count() == 4).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.count(), 4, "nothing resent twice");
+    let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
+    assert_eq!(d["generation"], 1);
+
+    let other = acme.deliveries_of(&failed_event).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, problem) = post(format!("/v1/deliveries/{other}/resend"), "delivery-1").await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("Idempotency-Key")),
+        "{problem}"
+    );
+}
+
 /// A database that cannot be created names its path and the flag that moves it.
 #[test]
 fn an_unwritable_database_location_names_the_path_and_the_flag() {

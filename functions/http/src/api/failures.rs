@@ -1,7 +1,7 @@
 //! `/v1/failures`: the dead-letter records — list, read, resend, acknowledge.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
@@ -11,8 +11,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
+use super::idempotency::{fingerprint, IdempotentRequest};
 use super::problem::{ApiError, ApiResult};
-use super::resend::resend_one;
+use super::resend::{resend_once, RESEND_FAILURE};
 use super::schemas::ProblemResponses;
 use super::views::{DeliveryView, FailureView, Page};
 
@@ -82,24 +83,26 @@ pub(super) async fn get_failure(
 
 /// The support desk's "resend button": the failed delivery, tried again now.
 #[utoipa::path(post, path = "/v1/failures/{id}/resend", tag = "failures",
-    params(("id" = String, Path, pattern = "^fail_[0-9a-f]{32}$")),
+    params(("id" = String, Path, pattern = "^fail_[0-9a-f]{32}$"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the first answer and resends nothing twice")),
     responses((status = 202, description = "The failed delivery, queued again now", body = DeliveryView), ProblemResponses),
     security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(failure_id = %id))]
 pub(super) async fn resend_failure(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<DeliveryView>)> {
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     let failure = load_failure(&state, &caller, &id).await?;
+    let request = IdempotentRequest::new(&headers, &caller, RESEND_FAILURE, fingerprint(&id))?;
     let delivery = state
         .services
         .store
         .get_delivery(&failure.delivery_id)
         .await?
         .ok_or_else(|| ApiError::conflict("the delivery of this failure is past retention"))?;
-    let resent = resend_one(&state, &caller, &delivery).await?;
-    Ok((StatusCode::ACCEPTED, Json(DeliveryView::from(&resent))))
+    resend_once(&state, &caller, &request, &delivery).await
 }
 
 /// An acknowledgement, with an optional note (who fixed what).

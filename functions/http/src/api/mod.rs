@@ -8,6 +8,7 @@ pub mod events;
 pub mod extract;
 pub use extract::BodyTooSlow;
 pub mod failures;
+mod idempotency;
 pub mod openapi;
 pub mod problem;
 pub mod rate_limit;

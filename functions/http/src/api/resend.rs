@@ -6,8 +6,6 @@
 //! the client, not in the background, works the same on Lambda, which has no
 //! background once the response is sent.
 
-use std::time::Duration;
-
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -18,12 +16,12 @@ use entrega_core::handlers::resend::{resend_delivery, ResendError};
 use entrega_core::ids::{DeliveryId, EndpointId, TenantId};
 use entrega_core::ports::DeliveryQuery;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::deliveries::load_delivery;
 use super::extract::JsonBody;
+use super::idempotency::{fingerprint, IdempotentRequest};
 use super::problem::{ApiError, ApiResult};
 use super::schemas::ProblemResponses;
 use super::views::{BatchResent, DeliveryStatusDoc, DeliveryView};
@@ -33,10 +31,11 @@ use super::AppState;
 pub const MAX_BATCH: usize = 1_000;
 /// Longest window a filtered batch may cover.
 pub const MAX_WINDOW_DAYS: i64 = 14;
-/// How long the answer to a request with an `Idempotency-Key` is kept.
-const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
-/// How long a running request holds its key: if it dies, the key is free again soon.
-const CLAIM_TTL: Duration = Duration::from_secs(300);
+/// The routes' names in their `Idempotency-Key` slots (see [`IdempotentRequest`]);
+/// the batch's is the one it has always had, so keys used before an upgrade hold.
+const RESEND_BATCH: &str = "resend";
+const RESEND_DELIVERY: &str = "resend-delivery";
+pub(super) const RESEND_FAILURE: &str = "resend-failure";
 /// Rows read per store call while walking a window.
 const PAGE: usize = 200;
 
@@ -57,18 +56,47 @@ pub(super) async fn resend_one(
 }
 
 #[utoipa::path(post, path = "/v1/deliveries/{id}/resend", tag = "deliveries",
-    params(("id" = String, Path, pattern = "^dlv_[0-9a-f]{32}$")),
+    params(("id" = String, Path, pattern = "^dlv_[0-9a-f]{32}$"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Repeating a request with the same key returns the first answer and resends nothing twice")),
     responses((status = 202, description = "Queued now: a new generation, same webhook-id", body = DeliveryView), ProblemResponses),
     security(("api_key" = [])))]
 #[tracing::instrument(skip_all, fields(delivery_id = %id))]
 pub(super) async fn resend_single(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<DeliveryView>)> {
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     let delivery = load_delivery(&state, &caller, &id).await?;
-    let resent = resend_one(&state, &caller, &delivery).await?;
-    Ok((StatusCode::ACCEPTED, Json(DeliveryView::from(&resent))))
+    let request = IdempotentRequest::new(&headers, &caller, RESEND_DELIVERY, fingerprint(&id))?;
+    resend_once(&state, &caller, &request, &delivery).await
+}
+
+/// Resend `delivery` under `request`'s key, if it has one: once, however often the
+/// request is repeated, each repeat answered as the first was.
+pub(super) async fn resend_once(
+    state: &AppState,
+    caller: &Caller,
+    request: &IdempotentRequest,
+    delivery: &Delivery,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    let store = state.services.store.as_ref();
+    if let Some(first) = request.first_answer(store).await? {
+        return Ok((StatusCode::ACCEPTED, Json(first)));
+    }
+    match resend_one(state, caller, delivery).await {
+        Ok(resent) => {
+            let answer =
+                serde_json::to_value(DeliveryView::from(&resent)).expect("a delivery serialises");
+            request.answered(store, &answer).await?;
+            Ok((StatusCode::ACCEPTED, Json(answer)))
+        }
+        Err(e) => {
+            // A refusal changed nothing; a store failure may have resent it already.
+            request.failed(store, e.status.is_server_error()).await?;
+            Err(e)
+        }
+    }
 }
 
 /// A batch: `ids` (at most 1 000), or a filter with a window of at most 14 days.
@@ -114,43 +142,12 @@ pub(super) async fn resend_batch(
     headers: HeaderMap,
     JsonBody(body): JsonBody<BatchResend>,
 ) -> ApiResult<Json<BatchResent>> {
-    let idempotency = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= 200)
-                .ok_or_else(|| ApiError::invalid("Idempotency-Key", "1 to 200 visible characters"))?
-                .to_owned(),
-        ),
-        None => None,
-    };
-    let remembered = idempotency.map(|k| format!("resend#{}#{k}", caller.key_hash));
-    // A key names one request: the same key with another body is refused, never
-    // answered with the other request's answer.
-    let fingerprint = request_fingerprint(&body);
-    let store = &state.services.store;
-    if let Some(key) = &remembered {
-        // The same request again: the same answer, nothing resent twice.
-        if let Some(stored) = store.recall(&format!("{key}#answer")).await? {
-            let stored: Remembered = serde_json::from_str(&stored).map_err(|e| {
-                ApiError::backend(format!("a remembered answer is unreadable: {e}"))
-            })?;
-            if stored.request != fingerprint {
-                return Err(key_reused());
-            }
-            return Ok(Json(stored.answer));
-        }
-        if let Some(running) = store
-            .remember_once(&format!("{key}#claim"), &fingerprint, CLAIM_TTL)
-            .await?
-        {
-            if running != fingerprint {
-                return Err(key_reused());
-            }
-            return Err(ApiError::conflict(
-                "a request with this Idempotency-Key is still running; repeat it shortly for its answer",
-            ));
-        }
+    let request = IdempotentRequest::new(&headers, &caller, RESEND_BATCH, fingerprint(&body))?;
+    let store = state.services.store.as_ref();
+    if let Some(first) = request.first_answer(store).await? {
+        let first = serde_json::from_value(first)
+            .map_err(|e| ApiError::backend(format!("a remembered answer is unreadable: {e}")))?;
+        return Ok(Json(first));
     }
     let mut answer = BatchResent::default();
     let done = match &body.ids {
@@ -158,54 +155,12 @@ pub(super) async fn resend_batch(
         None => by_window(&state, &caller, &body, &mut answer).await,
     };
     if let Err(e) = done {
-        // A refused request, or one that failed before resending anything, leaves
-        // nothing to remember: free its key so the corrected request can use it at
-        // once. One that failed part-way keeps its claim until the claim expires, so
-        // repeating it under the same key cannot resend the first part again.
-        if let Some(key) = remembered.as_ref().filter(|_| answer.queued == 0) {
-            store.forget(&format!("{key}#claim")).await?;
-        }
+        // One that failed part-way keeps its key claimed (see `failed`).
+        request.failed(store, answer.queued > 0).await?;
         return Err(e);
     }
-    if let Some(key) = &remembered {
-        store
-            .remember_once(
-                &format!("{key}#answer"),
-                &serde_json::to_string(&Remembered {
-                    request: fingerprint,
-                    answer: answer.clone(),
-                })
-                .expect("an answer serialises"),
-                IDEMPOTENCY_TTL,
-            )
-            .await?;
-    }
+    request.answered(store, &answer).await?;
     Ok(Json(answer))
-}
-
-/// What is kept under an `Idempotency-Key`: which request it answered, and how.
-#[derive(Serialize, Deserialize)]
-struct Remembered {
-    request: String,
-    answer: BatchResent,
-}
-
-/// A request's identity: the SHA-256 of its body in canonical form.
-fn request_fingerprint(body: &BatchResend) -> String {
-    let canonical = serde_json::to_value(body)
-        .map(|v| v.to_string())
-        .unwrap_or_default();
-    Sha256::digest(canonical.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn key_reused() -> ApiError {
-    ApiError::invalid(
-        "Idempotency-Key",
-        "was already used for a different request; use a new key for a new request",
-    )
 }
 
 /// Resend `delivery` as part of a batch, counting it in `answer`; a delivery whose

@@ -1,0 +1,151 @@
+//! Requests that change something, repeated under one `Idempotency-Key` (a client, or
+//! a support desk's script, trying again after an answer it never got): the first
+//! answer again, and the change made once. The resends use it, one delivery, one
+//! failure or a batch, since each resend sends the webhook again.
+//!
+//! A key belongs to the caller's API key and to one route, and names one request: the
+//! same key with another request is refused (422), never answered with the first
+//! one's answer. While the first request runs, its key is claimed: a repeat then gets
+//! 409 and is told to try again shortly.
+
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use entrega_core::ports::CounterStore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::auth::Caller;
+use super::problem::{ApiError, ApiResult};
+
+/// How long the answer to a request with an `Idempotency-Key` is kept.
+const ANSWER_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
+/// How long a running request holds its key: if it dies, the key is free again soon.
+const CLAIM_HELD_FOR: Duration = Duration::from_secs(300);
+/// The longest key accepted.
+const MAX_KEY_LEN: usize = 200;
+
+/// Which request a key was used for, and its answer.
+#[derive(Serialize, Deserialize)]
+struct Remembered {
+    request: String,
+    answer: serde_json::Value,
+}
+
+/// One request, with its key if it came with one.
+pub(super) struct IdempotentRequest {
+    /// Where its claim and answer are kept; `None` without a key.
+    slot: Option<String>,
+    /// The request's identity (see [`fingerprint`]).
+    request: String,
+}
+
+/// A request's identity: the SHA-256 of what it asks, in canonical form.
+pub(super) fn fingerprint(request: &impl Serialize) -> String {
+    let canonical = serde_json::to_value(request)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    Sha256::digest(canonical.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn key_reused() -> ApiError {
+    ApiError::invalid(
+        "Idempotency-Key",
+        "was already used for a different request; use a new key for a new request",
+    )
+}
+
+impl IdempotentRequest {
+    /// The request to `route` whose identity is `request` (see [`fingerprint`]), with
+    /// the key its headers give, if any.
+    pub fn new(
+        headers: &HeaderMap,
+        caller: &Caller,
+        route: &str,
+        request: String,
+    ) -> ApiResult<Self> {
+        let slot = match headers.get("idempotency-key") {
+            None => None,
+            Some(value) => {
+                let key = value
+                    .to_str()
+                    .ok()
+                    .filter(|k| !k.is_empty() && k.len() <= MAX_KEY_LEN)
+                    .ok_or_else(|| {
+                        ApiError::invalid("Idempotency-Key", "1 to 200 visible characters")
+                    })?;
+                Some(format!("{route}#{}#{key}", caller.key_hash))
+            }
+        };
+        Ok(Self { slot, request })
+    }
+
+    /// Before the work: the first answer if this request was made before (as JSON),
+    /// or `None` with the key now claimed for this run.
+    pub async fn first_answer(
+        &self,
+        store: &dyn CounterStore,
+    ) -> ApiResult<Option<serde_json::Value>> {
+        let Some(slot) = &self.slot else {
+            return Ok(None);
+        };
+        if let Some(stored) = store.recall(&format!("{slot}#answer")).await? {
+            let stored: Remembered = serde_json::from_str(&stored).map_err(|e| {
+                ApiError::backend(format!("a remembered answer is unreadable: {e}"))
+            })?;
+            if stored.request != self.request {
+                return Err(key_reused());
+            }
+            return Ok(Some(stored.answer));
+        }
+        if let Some(running) = store
+            .remember_once(&format!("{slot}#claim"), &self.request, CLAIM_HELD_FOR)
+            .await?
+        {
+            if running != self.request {
+                return Err(key_reused());
+            }
+            return Err(ApiError::conflict(
+                "a request with this Idempotency-Key is still running; repeat it shortly for its answer",
+            ));
+        }
+        Ok(None)
+    }
+
+    /// The work failed. If it changed nothing (`changed_something` false: refused, or
+    /// failed before doing anything), the key is free at once for the corrected
+    /// request; otherwise it stays claimed until the claim expires, so a repeat cannot
+    /// do the first part again.
+    pub async fn failed(&self, store: &dyn CounterStore, changed_something: bool) -> ApiResult<()> {
+        match &self.slot {
+            Some(slot) if !changed_something => Ok(store.forget(&format!("{slot}#claim")).await?),
+            _ => Ok(()),
+        }
+    }
+
+    /// The work succeeded with `answer`: keep it for the repeats.
+    pub async fn answered(
+        &self,
+        store: &dyn CounterStore,
+        answer: &impl Serialize,
+    ) -> ApiResult<()> {
+        let Some(slot) = &self.slot else {
+            return Ok(());
+        };
+        let remembered = Remembered {
+            request: self.request.clone(),
+            answer: serde_json::to_value(answer).expect("an answer serialises"),
+        };
+        store
+            .remember_once(
+                &format!("{slot}#answer"),
+                &serde_json::to_string(&remembered).expect("an answer serialises"),
+                ANSWER_KEPT_FOR,
+            )
+            .await?;
+        Ok(())
+    }
+}
