@@ -58,6 +58,17 @@ fn store(name: &str) -> (entrega_testkit::TempDir, SqliteStore, Arc<ManualClock>
     (dir, store, clock)
 }
 
+async fn tenant_with_key(store: &SqliteStore, now: DateTime<Utc>, key_hash: &str) -> Tenant {
+    let tenant = Tenant {
+        id: TenantId::generate(),
+        name: "T".into(),
+        owner_email: "owner@example.com".into(),
+        created_at: now,
+    };
+    store.create_tenant(&tenant, key_hash).await.unwrap();
+    tenant
+}
+
 async fn listed(store: &SqliteStore, tenant: &TenantId) -> Vec<Endpoint> {
     store.tenant_endpoints(tenant).await.unwrap()
 }
@@ -92,13 +103,7 @@ async fn a_tenants_endpoints_show_every_write_through_the_store_at_once() {
 #[tokio::test]
 async fn a_change_made_by_hand_is_seen_once_its_entry_is_no_longer_trusted() {
     let (_dir, store, clock) = store("cache-by-hand");
-    let tenant = Tenant {
-        id: TenantId::generate(),
-        name: "T".into(),
-        owner_email: "owner@example.com".into(),
-        created_at: clock.now(),
-    };
-    store.create_tenant(&tenant, "hash-of-key").await.unwrap();
+    let tenant = tenant_with_key(&store, clock.now(), "hash-of-key").await;
     let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", clock.now());
     store.create_endpoint(&endpoint).await.unwrap();
     let principal = Some(Principal::Tenant(tenant.id.clone()));
@@ -133,13 +138,7 @@ async fn a_change_made_by_hand_is_seen_once_its_entry_is_no_longer_trusted() {
 async fn a_key_that_names_nobody_is_not_remembered() {
     let (_dir, store, clock) = store("cache-unknown-key");
     assert_eq!(store.principal_for_key("hash-of-key").await.unwrap(), None);
-    let tenant = Tenant {
-        id: TenantId::generate(),
-        name: "T".into(),
-        owner_email: "owner@example.com".into(),
-        created_at: clock.now(),
-    };
-    store.create_tenant(&tenant, "hash-of-key").await.unwrap();
+    let tenant = tenant_with_key(&store, clock.now(), "hash-of-key").await;
     assert_eq!(
         store.principal_for_key("hash-of-key").await.unwrap(),
         Some(Principal::Tenant(tenant.id.clone()))

@@ -168,11 +168,29 @@ pub struct Api {
 
 impl Api {
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.send(method, path, body, None).await
+    }
+
+    /// A POST under an `Idempotency-Key`.
+    pub async fn post_keyed(&self, path: &str, body: Value, key: &str) -> (u16, Value) {
+        self.send("POST", path, Some(body), Some(key)).await
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        idempotency_key: Option<&str>,
+    ) -> (u16, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let mut req = self
             .client
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.key);
+        if let Some(key) = idempotency_key {
+            req = req.header("idempotency-key", key);
+        }
         if let Some(body) = body {
             req = req.json(&body);
         }

@@ -549,18 +549,7 @@ async fn batch_resend_deduplicates_and_a_refused_request_frees_its_key() {
     .await;
     let send = |body: Value, key: &'static str| {
         let acme = acme.clone();
-        async move {
-            let resp = acme
-                .client
-                .post(format!("{}/v1/deliveries/resend", acme.base))
-                .bearer_auth(&acme.key)
-                .header("idempotency-key", key)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
-        }
+        async move { acme.post_keyed("/v1/deliveries/resend", body, key).await }
     };
     let (status, problem) = send(json!({"ids": [dlv], "status": "failed"}), "k-1").await;
     assert_eq!(status, 422, "{problem}");
@@ -612,17 +601,7 @@ async fn a_resend_repeated_under_one_key_resends_once() {
     .await;
     let post = |path: String, key: &'static str| {
         let acme = acme.clone();
-        async move {
-            let resp = acme
-                .client
-                .post(format!("{}{path}", acme.base))
-                .bearer_auth(&acme.key)
-                .header("idempotency-key", key)
-                .send()
-                .await
-                .unwrap();
-            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
-        }
+        async move { acme.post_keyed(&path, json!({}), key).await }
     };
     for (path, key) in [
         (format!("/v1/failures/{failure}/resend"), "failure-1"),

@@ -267,21 +267,7 @@ async fn a_batch_resend_of_300_failures_in_a_window_is_idempotent() {
     });
     let send = |api: Api, key: &'static str| {
         let window = window.clone();
-        async move {
-            let resp = api
-                .client
-                .post(format!("{}/v1/deliveries/resend", api.base))
-                .bearer_auth(&api.key)
-                .header("idempotency-key", key)
-                .json(&window)
-                .send()
-                .await
-                .unwrap();
-            (
-                resp.status().as_u16(),
-                resp.json::<serde_json::Value>().await.unwrap(),
-            )
-        }
+        async move { api.post_keyed("/v1/deliveries/resend", window, key).await }
     };
     let (status, first) = send(acme.clone(), "batch-1").await;
     assert_eq!(
