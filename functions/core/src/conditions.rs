@@ -24,6 +24,8 @@ pub enum Component {
     AgeCheck,
     /// The scheduled sweep for deliveries whose message was lost.
     Sweeper,
+    /// The embedded store's purge of what has outlived the retention period.
+    Retention,
     /// A drain of a producer's PostgreSQL outbox.
     ProducerOutbox,
 }

@@ -105,6 +105,7 @@ async fn main() {
         delivery_queue: parts.deliveries,
         conditions: Arc::new(Conditions::default()),
         fan_outs_under_way: Default::default(),
+        retention: None,
     };
     println!("queued; draining");
     let started = Instant::now();

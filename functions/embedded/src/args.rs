@@ -9,6 +9,11 @@ use clap::ValueEnum;
 use entrega_embedded::serve::Backend;
 use ipnet::IpNet;
 
+/// The retention period unless one is given: the AWS stack's default too.
+const DEFAULT_RETENTION_DAYS: u32 = 30;
+/// The longest retention period accepted (a century): past it, 0 says "forever".
+const MAX_RETENTION_DAYS: i64 = 36_500;
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum BackendKind {
     Sqlite,
@@ -54,6 +59,12 @@ pub(crate) struct ServeArgs {
     /// Address the API listens on.
     #[arg(long, env = "ENTREGA_LISTEN", default_value = "127.0.0.1:8787")]
     pub(crate) listen: SocketAddr,
+    /// Days a settled delivery with its attempts, an event none of whose deliveries is
+    /// left, and a failure record are kept before the SQLite store deletes them (on
+    /// AWS, the stack's `RetentionDays` does this through DynamoDB's TTL); 0 keeps
+    /// everything. Deliveries still waiting or paused are never deleted.
+    #[arg(long, env = "ENTREGA_RETENTION_DAYS", default_value_t = DEFAULT_RETENTION_DAYS, value_parser = clap::value_parser!(u32).range(0..=MAX_RETENTION_DAYS))]
+    pub(crate) retention_days: u32,
     /// Let deliveries reach this otherwise forbidden range (CIDR or single address),
     /// e.g. 127.0.0.0/8 for receivers on this machine. Repeatable.
     #[arg(long = "allow-target", env = "ENTREGA_ALLOW_TARGETS", value_delimiter = ',', value_parser = parse_range)]

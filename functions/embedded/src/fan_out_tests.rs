@@ -74,6 +74,7 @@ async fn the_poller_leaves_an_event_under_way_alone() {
         delivery_queue: parts.deliveries.clone(),
         conditions: Arc::new(Conditions::default()),
         fan_outs_under_way: under_way.clone(),
+        retention: None,
     };
     let event = event();
     services.store.publish(&event).await.unwrap();

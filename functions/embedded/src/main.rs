@@ -167,6 +167,8 @@ async fn run(command: Command) -> Result<(), BoxError> {
                 max_db_size: args.max_db_size_mb.map(|mb| mb * 1024 * 1024),
                 metrics_token: args.metrics_token,
                 max_connections: args.max_connections as usize,
+                retention: (args.retention_days > 0)
+                    .then(|| chrono::Duration::days(args.retention_days.into())),
                 outboxes: args
                     .outboxes
                     .iter()

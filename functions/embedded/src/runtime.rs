@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use crate::fan_out::{fan_out_committed, FanOutsUnderWay};
 use crate::slow_attempts::SlowAttempts;
 use crate::sqlite::queue::SqliteQueue;
+use crate::sqlite::retention::PurgeCursor;
 use crate::sqlite::SqliteStore;
 
 /// Attempts in flight at once across all endpoints, but the slow ones (which move to
@@ -95,6 +96,15 @@ const OUTBOX_BATCH: usize = 100;
 /// Failure notices handled per poll.
 const FAILURE_BATCH: usize = 10;
 
+/// How soon after start the first retention pass runs (not at once: a restart is
+/// busy enough with what it replays).
+const PURGE_FIRST_AFTER: Duration = Duration::from_secs(60);
+/// Between retention passes: what expires meanwhile waits at most this long.
+const PURGE_INTERVAL: Duration = Duration::from_secs(600);
+/// Between the steps of one pass: each step is one write of bounded size, and the
+/// pause leaves the writer to everybody else's work.
+const PURGE_STEP_PAUSE: Duration = Duration::from_millis(100);
+
 /// How old an outbox row must be before the poller takes it: younger ones are being
 /// fanned out by their own publish request.
 pub const INLINE_GRACE: Duration = Duration::from_secs(2);
@@ -108,6 +118,9 @@ pub struct Runtime {
     pub conditions: Arc<Conditions>,
     /// What is being fanned out beside the poller, which it leaves alone.
     pub fan_outs_under_way: FanOutsUnderWay,
+    /// How long settled records are kept (see [`crate::sqlite::retention`]); `None`:
+    /// forever.
+    pub retention: Option<chrono::Duration>,
 }
 
 impl Runtime {
@@ -120,7 +133,8 @@ impl Runtime {
         tasks.spawn(this.clone().delivery_loop(shutdown.clone()));
         tasks.spawn(this.clone().failure_loop(shutdown.clone()));
         tasks.spawn(this.clone().age_loop(shutdown.clone()));
-        tasks.spawn(this.clone().sweep_loop(shutdown));
+        tasks.spawn(this.clone().sweep_loop(shutdown.clone()));
+        tasks.spawn(this.clone().retention_loop(shutdown));
         while tasks.join_next().await.is_some() {}
     }
 
@@ -291,6 +305,45 @@ impl Runtime {
                 Err(e) => self.failing(Component::Sweeper, &e),
             }
             pause(&mut shutdown, SWEEP_INTERVAL).await;
+        }
+    }
+
+    /// The retention purge: a pass every [`PURGE_INTERVAL`], a step at a time with
+    /// [`PURGE_STEP_PAUSE`] between steps, so a first pass over a large old database
+    /// never holds the writer for long.
+    async fn retention_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let Some(retention) = self.retention else {
+            return;
+        };
+        let mut cursor = PurgeCursor::default();
+        let mut wait = PURGE_FIRST_AFTER;
+        loop {
+            pause(&mut shutdown, wait).await;
+            if *shutdown.borrow() {
+                return;
+            }
+            let cutoff = self.services.clock.now() - retention;
+            match self.store.purge_step(cutoff, cursor.clone()).await {
+                Ok(step) => {
+                    self.conditions.recovered(Component::Retention);
+                    if step.deliveries + step.events + step.failures > 0 {
+                        tracing::info!(
+                            deliveries = step.deliveries,
+                            events = step.events,
+                            failures = step.failures,
+                            "deleted records past the retention period"
+                        );
+                    }
+                    (cursor, wait) = match step.next {
+                        Some(next) => (next, PURGE_STEP_PAUSE),
+                        None => (PurgeCursor::default(), PURGE_INTERVAL),
+                    };
+                }
+                Err(e) => {
+                    self.failing(Component::Retention, &e);
+                    wait = PURGE_INTERVAL;
+                }
+            }
         }
     }
 

@@ -67,6 +67,9 @@ pub struct ServeConfig {
     pub metrics_token: Option<String>,
     /// Connections the API serves at once.
     pub max_connections: usize,
+    /// How long the SQLite store keeps settled records (see
+    /// [`crate::sqlite::retention`]); `None`: forever.
+    pub retention: Option<chrono::Duration>,
     /// Producers' PostgreSQL outboxes to drain, one drain each (the same one twice:
     /// two drains of one table).
     pub outboxes: Vec<tokio_postgres::Config>,
@@ -112,6 +115,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 delivery_queue: backlog.deliveries.clone(),
                 conditions: conditions.clone(),
                 fan_outs_under_way: under_way,
+                retention: config.retention,
             };
             let probe = Probes {
                 metrics,

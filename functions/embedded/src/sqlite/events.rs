@@ -118,7 +118,8 @@ impl SqliteStore {
                 StoreError::Backend(
                     "the database is near its size limit (--max-db-size-mb): new events are \
                      refused while three quarters of it are in use, the rest kept for \
-                     delivering what was accepted; records are kept, so raise the limit"
+                     delivering what was accepted; settled records are deleted after \
+                     --retention-days, so raise the limit or shorten the retention"
                         .into(),
                 )
             })?;

@@ -14,6 +14,7 @@ mod lanes;
 pub mod prefetch;
 pub mod queue;
 mod read_cache;
+pub mod retention;
 mod schema;
 mod sync;
 mod tenants;

@@ -651,6 +651,32 @@ fn an_unwritable_database_location_names_the_path_and_the_flag() {
     );
 }
 
+/// A retention period past a century is refused before anything starts, naming the
+/// flag and its range (its date arithmetic would overflow).
+#[test]
+fn a_retention_period_past_a_century_is_refused() {
+    // Were the flag taken, the database here could not be opened either: the server
+    // stops, and the message names the database instead.
+    let out = std::process::Command::new(entrega_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--retention-days",
+            "99999",
+        ])
+        .args(["--db", "/proc/entrega-cannot-live-here/entrega.db"])
+        .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--retention-days") && err.contains("0..=36500"),
+        "{err}"
+    );
+}
+
 /// `admin-key` against a file that does not exist refuses, names `--db`, and
 /// creates nothing (a key in a new empty file is one no server knows).
 #[test]
