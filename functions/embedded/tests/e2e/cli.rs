@@ -116,6 +116,12 @@ async fn the_cli_lists_shows_resends_and_acknowledges() {
         "{}",
         stdout(&batch)
     );
+    // Sent before the failure's resend below counts what arrives after it: one still
+    // on its way then made the count jump by two between two looks.
+    eventually(Duration::from_secs(10), "the window's resend", || async {
+        (receiver.count() == 3).then_some(())
+    })
+    .await;
 
     let endpoints = entrega(&server, &acme.key, &["endpoints", "list"]);
     assert!(stdout(&endpoints).contains(&ep_id));
