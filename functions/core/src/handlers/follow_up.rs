@@ -36,6 +36,13 @@ pub(super) async fn carry_out(
                 // still follows: an at-most-once delivery's failure notice.
                 let why = "the receiver answered 410 Gone";
                 health::disable(services, endpoint, why, services.clock.now()).await?;
+                if delivery.state == DeliveryState::Paused {
+                    // Paused for an enable that never comes if the endpoint was not
+                    // disabled after all: pointed at a new URL while the attempt ran
+                    // (the 410 was the old one's), or deleted. Resumed for the new
+                    // URL then, or ended with its endpoint.
+                    super::resume::resume_if_enabled(services, delivery).await?;
+                }
             }
             Action::RecordAttempt(_) | Action::Send => {}
         }

@@ -73,3 +73,6 @@ mod handler_tests;
 
 #[cfg(test)]
 mod race_tests;
+
+#[cfg(test)]
+mod worker_case;

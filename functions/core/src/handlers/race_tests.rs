@@ -10,8 +10,11 @@ use chrono::{TimeZone, Utc};
 use super::health;
 use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
+use super::worker::Disposition;
+use super::worker_case::{case, NEW_URL};
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
+use crate::memory::response;
 use crate::memory::{MemoryQueue, World};
 use crate::ports::{Clock, Hooked, MessageQueue, OutgoingMessage, SendHook, StoreResult};
 
@@ -137,4 +140,39 @@ async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
             .unwrap()
             .disabled
     );
+}
+
+/// A 410 from the URL the endpoint had when the attempt started, answered after it
+/// was pointed elsewhere, disables nothing; the delivery is tried at the new URL
+/// (it stayed paused for an enable that never came, found by a hostile test).
+#[tokio::test]
+async fn gone_from_a_url_changed_during_the_attempt_tries_the_new_one() {
+    let mut c = case(|_| {}).await;
+    c.change_during_the_first_attempt(false);
+    c.world.transport.then([response(410)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert!(!c.stored_endpoint().await.disabled);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
+    let urls: Vec<_> = c
+        .world
+        .transport
+        .requests()
+        .into_iter()
+        .map(|r| r.url)
+        .collect();
+    assert_eq!(urls, ["https://hooks.acme.example/", NEW_URL]);
+}
+
+/// A 410 from an endpoint deleted during the attempt ends the delivery with it, as
+/// the deletion ends every other delivery of the endpoint.
+#[tokio::test]
+async fn gone_from_an_endpoint_deleted_during_the_attempt_ends_the_delivery() {
+    let mut c = case(|_| {}).await;
+    c.change_during_the_first_attempt(true);
+    c.world.transport.then([response(410)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
 }

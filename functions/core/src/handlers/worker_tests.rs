@@ -3,122 +3,13 @@
 
 use std::time::Duration;
 
-use chrono::{TimeZone, Utc};
-
 use super::*;
 use crate::delivery::DeliveryState;
-use crate::endpoint::{DeliveryMode, Endpoint};
-use crate::event::Event;
-use crate::handlers::fanout::fan_out;
-use crate::ids::{EventId, TenantId};
-use crate::memory::{response, World};
-use crate::ports::{Clock, MessageQueue, ReceivedMessage};
-use crate::retry::{CustomRetry, RetrySpec};
-
-const HIDE: Duration = Duration::from_secs(60);
-
-struct Case {
-    world: World,
-    endpoint: Endpoint,
-}
-
-/// A tenant with one endpoint set up by `configure`, in a fresh world.
-async fn case(configure: impl FnOnce(&mut Endpoint)) -> Case {
-    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 7);
-    let tenant = world
-        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
-        .await
-        .unwrap();
-    let endpoint = world
-        .add_endpoint(&tenant, "https://hooks.acme.example/", configure)
-        .await
-        .unwrap();
-    Case { world, endpoint }
-}
-
-fn retry_after(delays_s: Vec<u64>) -> RetrySpec {
-    RetrySpec::Custom(CustomRetry {
-        delays_s,
-        jitter: 0.0,
-        retry_4xx: false,
-    })
-}
-
-impl Case {
-    /// Publish an event and fan it out; its delivery.
-    async fn publish(&self) -> Delivery {
-        let event = Event {
-            id: EventId::generate(),
-            tenant_id: self.endpoint.tenant_id.clone(),
-            event_type: "lead.created".into(),
-            payload: r#"{"lead":1}"#.into(),
-            created_at: self.world.clock.now(),
-        };
-        self.world.services.store.publish(&event).await.unwrap();
-        fan_out(&self.world.services, &event).await.unwrap();
-        let deliveries = self
-            .world
-            .services
-            .store
-            .deliveries_of_event(&event)
-            .await
-            .unwrap();
-        assert_eq!(deliveries.len(), 1);
-        deliveries[0].clone()
-    }
-
-    async fn receive(&self) -> Option<ReceivedMessage> {
-        self.world.deliveries.receive(1, HIDE).await.unwrap().pop()
-    }
-
-    /// Receive the next message, handle it, and settle it as a runtime would.
-    async fn handle_next(&self) -> Disposition {
-        let message = self.receive().await.expect("a message is waiting");
-        let disposition =
-            handle_delivery(&self.world.services, &message.body, message.receive_count)
-                .await
-                .unwrap();
-        match disposition {
-            Disposition::Done => self.world.deliveries.delete(&message.receipt).await,
-            Disposition::RetryIn(delay) => {
-                self.world
-                    .deliveries
-                    .change_visibility(&message.receipt, delay)
-                    .await
-            }
-        }
-        .unwrap();
-        disposition
-    }
-
-    async fn delivery(&self, id: &crate::ids::DeliveryId) -> Delivery {
-        self.world.stored_delivery(id).await
-    }
-
-    async fn attempts(&self, id: &crate::ids::DeliveryId) -> Vec<crate::delivery::Attempt> {
-        self.world.services.store.list_attempts(id).await.unwrap()
-    }
-
-    /// The endpoint as stored now (its health included).
-    async fn stored_endpoint(&self) -> Endpoint {
-        let stored = self.world.services.store.get_endpoint(&self.endpoint.id);
-        stored.await.unwrap().expect("the endpoint is stored")
-    }
-
-    /// The one place of a slow share of one, for `holder`, if it is free.
-    async fn hold_slow_share(&self, holder: &str) -> Option<crate::slots::SlotLease> {
-        let now = self.world.clock.now();
-        let slots = &self.world.services.slots;
-        slots
-            .acquire(&SlotPool::SlowEndpoints, 1, holder, now, HIDE)
-            .await
-            .unwrap()
-    }
-
-    fn advance(&self, seconds: u64) {
-        self.world.clock.advance(Duration::from_secs(seconds));
-    }
-}
+use crate::endpoint::DeliveryMode;
+use crate::handlers::worker_case::{case, retry_after};
+use crate::memory::response;
+use crate::ports::{Clock, MessageQueue};
+use crate::retry::RetrySpec;
 
 #[tokio::test]
 async fn a_success_is_recorded_delivered_with_its_attempt_and_signed_headers() {

@@ -1,0 +1,174 @@
+//! The worker tests' fixture: a tenant with one endpoint in a fresh in-memory world,
+//! and the steps a runtime takes with a message (shared by `worker_tests.rs` and
+//! `race_tests.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+
+use super::worker::{handle_delivery, Disposition};
+use crate::delivery::Delivery;
+use crate::endpoint::Endpoint;
+use crate::event::Event;
+use crate::handlers::fanout::fan_out;
+use crate::ids::{EventId, TenantId};
+use crate::memory::World;
+use crate::ports::{Clock, MessageQueue, ReceivedMessage};
+use crate::retry::{CustomRetry, RetrySpec};
+use crate::slots::SlotPool;
+
+pub(super) const HIDE: Duration = Duration::from_secs(60);
+
+pub(super) struct Case {
+    pub(super) world: World,
+    pub(super) endpoint: Endpoint,
+}
+
+/// A tenant with one endpoint set up by `configure`, in a fresh world.
+pub(super) async fn case(configure: impl FnOnce(&mut Endpoint)) -> Case {
+    let world = World::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(), 7);
+    let tenant = world
+        .add_tenant(TenantId::generate(), "Acme", "owner@acme.example")
+        .await
+        .unwrap();
+    let endpoint = world
+        .add_endpoint(&tenant, "https://hooks.acme.example/", configure)
+        .await
+        .unwrap();
+    Case { world, endpoint }
+}
+
+pub(super) fn retry_after(delays_s: Vec<u64>) -> RetrySpec {
+    RetrySpec::Custom(CustomRetry {
+        delays_s,
+        jitter: 0.0,
+        retry_4xx: false,
+    })
+}
+
+impl Case {
+    /// Publish an event and fan it out; its delivery.
+    pub(super) async fn publish(&self) -> Delivery {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: self.endpoint.tenant_id.clone(),
+            event_type: "lead.created".into(),
+            payload: r#"{"lead":1}"#.into(),
+            created_at: self.world.clock.now(),
+        };
+        self.world.services.store.publish(&event).await.unwrap();
+        fan_out(&self.world.services, &event).await.unwrap();
+        let deliveries = self
+            .world
+            .services
+            .store
+            .deliveries_of_event(&event)
+            .await
+            .unwrap();
+        assert_eq!(deliveries.len(), 1);
+        deliveries[0].clone()
+    }
+
+    pub(super) async fn receive(&self) -> Option<ReceivedMessage> {
+        self.world.deliveries.receive(1, HIDE).await.unwrap().pop()
+    }
+
+    /// Receive the next message, handle it, and settle it as a runtime would.
+    pub(super) async fn handle_next(&self) -> Disposition {
+        let message = self.receive().await.expect("a message is waiting");
+        let disposition =
+            handle_delivery(&self.world.services, &message.body, message.receive_count)
+                .await
+                .unwrap();
+        match disposition {
+            Disposition::Done => self.world.deliveries.delete(&message.receipt).await,
+            Disposition::RetryIn(delay) => {
+                self.world
+                    .deliveries
+                    .change_visibility(&message.receipt, delay)
+                    .await
+            }
+        }
+        .unwrap();
+        disposition
+    }
+
+    pub(super) async fn delivery(&self, id: &crate::ids::DeliveryId) -> Delivery {
+        self.world.stored_delivery(id).await
+    }
+
+    pub(super) async fn attempts(
+        &self,
+        id: &crate::ids::DeliveryId,
+    ) -> Vec<crate::delivery::Attempt> {
+        self.world.services.store.list_attempts(id).await.unwrap()
+    }
+
+    /// The endpoint as stored now (its health included).
+    pub(super) async fn stored_endpoint(&self) -> Endpoint {
+        let stored = self.world.services.store.get_endpoint(&self.endpoint.id);
+        stored.await.unwrap().expect("the endpoint is stored")
+    }
+
+    /// The one place of a slow share of one, for `holder`, if it is free.
+    pub(super) async fn hold_slow_share(&self, holder: &str) -> Option<crate::slots::SlotLease> {
+        let now = self.world.clock.now();
+        let slots = &self.world.services.slots;
+        slots
+            .acquire(&SlotPool::SlowEndpoints, 1, holder, now, HIDE)
+            .await
+            .unwrap()
+    }
+
+    pub(super) fn advance(&self, seconds: u64) {
+        self.world.clock.advance(Duration::from_secs(seconds));
+    }
+}
+
+/// Changes the endpoint while the first request is out (pointed elsewhere, or
+/// deleted), then answers as the scripted transport does.
+struct ChangedDuringTheAttempt {
+    inner: Arc<crate::memory::ScriptedTransport>,
+    store: Arc<dyn crate::ports::Store>,
+    endpoint: crate::ids::EndpointId,
+    delete: bool,
+    done: std::sync::atomic::AtomicBool,
+}
+
+/// Where [`ChangedDuringTheAttempt`] points the endpoint.
+pub(super) const NEW_URL: &str = "https://new.acme.example/";
+
+#[async_trait::async_trait]
+impl crate::ports::Transport for ChangedDuringTheAttempt {
+    async fn send(&self, request: &crate::ports::SignedRequest) -> crate::outcome::TransportResult {
+        if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            if self.delete {
+                self.store.delete_endpoint(&self.endpoint).await.unwrap();
+            } else {
+                let mut moved = self
+                    .store
+                    .get_endpoint(&self.endpoint)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                moved.url = NEW_URL.into();
+                self.store.update_endpoint(&moved).await.unwrap();
+            }
+        }
+        self.inner.send(request).await
+    }
+}
+
+impl Case {
+    /// The first request changes the endpoint as [`ChangedDuringTheAttempt`] does.
+    pub(super) fn change_during_the_first_attempt(&mut self, delete: bool) {
+        self.world.services.transport = Arc::new(ChangedDuringTheAttempt {
+            inner: self.world.transport.clone(),
+            store: self.world.services.store.clone(),
+            endpoint: self.endpoint.id.clone(),
+            delete,
+            done: Default::default(),
+        });
+    }
+}
