@@ -101,12 +101,13 @@ pub fn begin(
     if delivery.state.is_terminal() {
         return Err(Skip::Terminal);
     }
+    // Under way: an attempt, or (a resend made meanwhile) the attempt it superseded.
+    if let Some(until) = delivery.lease_until.filter(|until| *until > now) {
+        return Err(Skip::Busy(until));
+    }
     let mut next = delivery.clone();
     let mut actions = Vec::new();
     if delivery.state == DeliveryState::Delivering {
-        if let Some(until) = delivery.lease_until.filter(|until| *until > now) {
-            return Err(Skip::Busy(until));
-        }
         // The worker that started this attempt died: its outcome is unknown.
         actions.push(Action::RecordAttempt(interrupted_attempt(delivery)));
         next.last_error = Some(INTERRUPTED_ERROR.to_owned());
@@ -220,7 +221,11 @@ pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> De
     next.state = DeliveryState::Pending;
     next.trigger = Trigger::Manual;
     next.next_attempt_at = Some(now);
-    next.lease_until = None;
+    // An attempt still under way keeps its lease, and the resend's attempt waits for
+    // it to end (`begin` finds it busy): with the lease cleared, the resend went out
+    // while the first request was still open, the event on the wire twice at once,
+    // even to an at-most-once endpoint (a hostile test).
+    next.lease_until = delivery.lease_until.filter(|until| *until > now);
     next.delivered_at = None;
     next.updated_at = now;
     next

@@ -241,6 +241,30 @@ fn resend_resets_the_counter_and_supersedes_old_messages() {
     assert_eq!(next.attempt_count, 1);
 }
 
+/// A resend made while an attempt is under way goes out once that attempt's lease
+/// ends, never beside it, at most once too; so does a second resend made meanwhile.
+#[test]
+fn a_resend_during_an_attempt_waits_for_its_lease() {
+    let p = policy(RetryPreset::None);
+    let mode = DeliveryMode::AtMostOnce;
+    let running = started(&fresh(), mode, &p, t0());
+    let lease_end = running.lease_until.unwrap();
+    let soon = t0() + Duration::from_secs(1);
+    let resent = resend(&running, "admin", soon);
+    let resent_again = resend(&resent, "admin", soon);
+    for r in [&resent, &resent_again] {
+        assert_eq!(
+            begin(r, r.generation, mode, &p, LEASE, soon),
+            Err(Skip::Busy(lease_end))
+        );
+        let after = started(r, mode, &p, lease_end + Duration::from_millis(1));
+        assert_eq!(after.attempt_count, 1);
+    }
+    // A resend after the lease ended (the worker died) does not wait.
+    let later = resend(&running, "admin", lease_end);
+    assert_eq!(later.lease_until, None);
+}
+
 #[test]
 fn transport_errors_are_logged_with_their_kind() {
     let p = policy(RetryPreset::Standard);

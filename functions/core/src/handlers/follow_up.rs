@@ -51,6 +51,42 @@ pub(super) async fn carry_out(
     Ok(Disposition::Done)
 }
 
+/// The attempt a resend superseded has ended (its outcome lost to the resend's write):
+/// the resend kept this attempt's lease, to wait for it (see
+/// [`crate::state_machine::resend`]), and now goes at once rather than when the lease
+/// runs out, which would hold a "try now" for the whole timeout.
+pub(super) async fn release_to_resend(
+    services: &Services,
+    endpoint: &Endpoint,
+    attempted: &Delivery,
+) -> StoreResult<()> {
+    let Some(current) = services.store.get_delivery(&attempted.id).await? else {
+        return Ok(());
+    };
+    let waits_for_us = current.generation > attempted.generation
+        && current.state == DeliveryState::Pending
+        && current.lease_until.is_some()
+        && current.lease_until == attempted.lease_until;
+    if !waits_for_us {
+        return Ok(());
+    }
+    let mut next = current;
+    next.lease_until = None;
+    next.updated_at = services.clock.now();
+    match services.store.save_delivery(&next, &[]).await {
+        Ok(released) => {
+            // Its own message waits for the lease's end: this one goes now. The later
+            // one then finds the attempt under way, or over.
+            let task = DeliveryTask::for_delivery(&released);
+            let message = task.message(endpoint.max_concurrency, Duration::ZERO);
+            services.deliveries.send(vec![message]).await
+        }
+        // Changed again meanwhile: whoever changed it queued what it needs.
+        Err(crate::ports::StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// What follows a terminal state, repeated when a message comes back after a crash
 /// (both steps are idempotent): a failure notice for a failed delivery, and for a
 /// resend that was delivered, the acknowledgement of the failures it fixed.

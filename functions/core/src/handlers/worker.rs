@@ -14,7 +14,7 @@ use crate::retry::{RetryPolicy, RetrySpec};
 use crate::slots::{SlotLease, SlotPool};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
-use super::follow_up::{carry_out, requeue, settle_terminal};
+use super::follow_up::{carry_out, release_to_resend, requeue, settle_terminal};
 use super::health;
 use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
@@ -477,9 +477,9 @@ impl Attempting<'_> {
             Err(StoreError::Conflict(_)) => {
                 // Only a resend changes a delivery under a running attempt. The attempt
                 // still happened, and the store kept its record (under its own
-                // generation); the resend queued its own message, so this one has
-                // nothing left to do.
+                // generation); the resend, waiting for this attempt, goes now.
                 health::observe(services, self.endpoint, succeeded, slow, now).await?;
+                release_to_resend(services, self.endpoint, delivery).await?;
                 return Ok(Disposition::Done);
             }
             Err(e) => return Err(e),

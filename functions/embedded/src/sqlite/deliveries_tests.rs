@@ -121,3 +121,40 @@ async fn an_outcome_never_lands_on_a_resend_its_lease_lost_to() {
         "and the attempt is in the log"
     );
 }
+
+/// At start every lease of the previous process is void (one process per database):
+/// the delivery it was attempting, and one resent meanwhile, which kept the lease of
+/// the attempt it superseded, are both free to go at once.
+#[tokio::test]
+async fn a_restart_releases_every_lease_of_the_previous_process() {
+    let dir = entrega_testkit::TempDir::new("deliveries-dead-leases");
+    let store = SqliteStore::new(
+        SqliteDb::open(&dir.0.join("d.db")).unwrap(),
+        Arc::new(SystemClock),
+    );
+    let tenant = TenantId::generate();
+    let endpoint = Endpoint::new(tenant.clone(), "https://hooks.example.com/", Utc::now());
+    let mut leased = Vec::new();
+    use entrega_core::delivery::DeliveryState;
+    for state in [DeliveryState::Delivering, DeliveryState::Pending] {
+        let event = Event {
+            id: EventId::generate(),
+            tenant_id: tenant.clone(),
+            event_type: "a.b".into(),
+            payload: "{}".into(),
+            created_at: Utc::now(),
+        };
+        let id =
+            DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+        let fresh = Delivery::new(id, &event, endpoint.id.clone(), false, Utc::now());
+        let (mut d, _) = store.create_delivery_if_absent(&fresh).await.unwrap();
+        d.state = state;
+        d.lease_until = Some(Utc::now() + chrono::Duration::seconds(60));
+        leased.push(store.save_delivery(&d, &[]).await.unwrap());
+    }
+    assert_eq!(store.release_dead_leases().await.unwrap(), 2);
+    for d in leased {
+        let stored = store.get_delivery(&d.id).await.unwrap().unwrap();
+        assert_eq!((stored.state, stored.lease_until), (d.state, None));
+    }
+}

@@ -153,8 +153,9 @@ impl SqliteStore {
     }
 
     /// After a crash (or `kill -9`) no attempt of the previous process is running: the
-    /// database is locked to one process, so every lease it held is void. Clearing them
-    /// lets the restarted worker resume at once instead of waiting them out.
+    /// database is locked to one process, so every lease it held is void (also one a
+    /// resend kept from the attempt it superseded). Clearing them lets the restarted
+    /// worker resume at once instead of waiting them out.
     pub async fn release_dead_leases(&self) -> StoreResult<usize> {
         self.db
             .call(|conn| {
@@ -162,7 +163,8 @@ impl SqliteStore {
                     .prepare_cached(
                         "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null')),
                                                due_at = json_extract(json, '$.next_attempt_at')
-                     WHERE state = 'delivering'",
+                     WHERE state = 'delivering'
+                        OR (state = 'pending' AND json_extract(json, '$.lease_until') IS NOT NULL)",
                     )?
                     .execute([])?)
             })

@@ -147,7 +147,9 @@ async fn a_saturated_endpoint_does_not_stall_its_tenants_other_endpoint() {
     eprintln!("fast endpoint beside a saturated one under a burst: worst {waited:?}");
 }
 
-/// A resend while the first attempt is running keeps both attempts in the log.
+/// A resend while the first attempt is running keeps both attempts in the log, and
+/// goes out once the first has ended, not beside it (the event was on the wire twice
+/// at once, even to an at-most-once endpoint), nor only when its lease ran out.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resend_during_an_attempt_keeps_both_attempts() {
     let dir = TempDir::new("resend-race");
@@ -181,6 +183,12 @@ async fn a_resend_during_an_attempt_keeps_both_attempts() {
     assert_eq!(receiver.count(), 2);
     let generations: Vec<_> = attempts.iter().map(|a| a["generation"].clone()).collect();
     assert_eq!(generations, vec![json!(0), json!(1)]);
+    let got = receiver.got();
+    let apart = got[1].at - got[0].at;
+    assert!(
+        apart >= Duration::from_millis(1500),
+        "the resend went out {apart:?} after the first request, which took 1.5 s"
+    );
 }
 
 /// Past `--max-backlog` publishing answers 429 with `Retry-After`; nothing accepted is
