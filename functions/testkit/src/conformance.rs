@@ -173,7 +173,7 @@ async fn fresh_delivery(store: &dyn Store) -> (Event, Endpoint, Delivery) {
 }
 
 /// Attempt `number` of `delivery` (generation 0), answered 200.
-fn attempt(delivery: &Delivery, endpoint: &Endpoint, number: u32) -> Attempt {
+pub fn attempt(delivery: &Delivery, endpoint: &Endpoint, number: u32) -> Attempt {
     Attempt {
         id: AttemptId::generate(),
         delivery_id: delivery.id.clone(),

@@ -11,7 +11,7 @@ use super::health;
 use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
 use super::worker::Disposition;
-use super::worker_case::{case, NEW_URL};
+use super::worker_case::{case, Case, NEW_URL};
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
 use crate::memory::response;
@@ -142,16 +142,23 @@ async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
     );
 }
 
+/// One delivery attempted, answered 410 after the endpoint was changed during the
+/// attempt (deleted, or pointed elsewhere), and handled.
+async fn gone_after_a_change(delete: bool) -> (Case, crate::delivery::Delivery) {
+    let mut c = case(|_| {}).await;
+    c.change_during_the_first_attempt(delete);
+    c.world.transport.then([response(410)]);
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    (c, d)
+}
+
 /// A 410 from the URL the endpoint had when the attempt started, answered after it
 /// was pointed elsewhere, disables nothing; the delivery is tried at the new URL
 /// (it stayed paused for an enable that never came, found by a hostile test).
 #[tokio::test]
 async fn gone_from_a_url_changed_during_the_attempt_tries_the_new_one() {
-    let mut c = case(|_| {}).await;
-    c.change_during_the_first_attempt(false);
-    c.world.transport.then([response(410)]);
-    let d = c.publish().await;
-    assert_eq!(c.handle_next().await, Disposition::Done);
+    let (c, d) = gone_after_a_change(false).await;
     assert!(!c.stored_endpoint().await.disabled);
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
@@ -169,10 +176,6 @@ async fn gone_from_a_url_changed_during_the_attempt_tries_the_new_one() {
 /// the deletion ends every other delivery of the endpoint.
 #[tokio::test]
 async fn gone_from_an_endpoint_deleted_during_the_attempt_ends_the_delivery() {
-    let mut c = case(|_| {}).await;
-    c.change_during_the_first_attempt(true);
-    c.world.transport.then([response(410)]);
-    let d = c.publish().await;
-    assert_eq!(c.handle_next().await, Disposition::Done);
+    let (c, d) = gone_after_a_change(true).await;
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
 }

@@ -94,6 +94,16 @@ fn purge_deliveries(
     Ok((deleted, window.len() == PURGE_WINDOW))
 }
 
+/// Of `window` (keys with their creation times, oldest first), the last key of the
+/// rows created before `cutoff`, and how many those are; `None` if the first is not.
+fn created_before<K: Clone>(window: &[(K, String)], cutoff: &str) -> Option<(K, usize)> {
+    let old = window
+        .iter()
+        .take_while(|(_, created)| created.as_str() < cutoff)
+        .count();
+    old.checked_sub(1).map(|i| (window[i].0.clone(), old))
+}
+
 /// Delete the expired events among the next window of those created before the
 /// cutoff; (deleted, window full).
 fn purge_events(
@@ -111,11 +121,7 @@ fn purge_events(
         })?
         .collect::<Result<_, _>>()?;
     // In storage order, so once one was created after the cutoff, so were the rest.
-    let old = window
-        .iter()
-        .take_while(|(_, created)| created.as_str() < cutoff)
-        .count();
-    let Some((last, _)) = window[..old].last() else {
+    let Some((last, old)) = created_before(&window, cutoff) else {
         return Ok((0, false));
     };
     let deleted = conn
@@ -125,7 +131,7 @@ fn purge_events(
                                WHERE d.tenant_id = outbox.tenant_id AND d.event_id = outbox.id)",
         )?
         .execute(params![cursor.after_event, last])?;
-    cursor.after_event = *last;
+    cursor.after_event = last;
     Ok((deleted, old == PURGE_WINDOW))
 }
 
@@ -139,11 +145,7 @@ fn purge_failures(conn: &Connection, cutoff: &str) -> Result<(usize, bool), DbEr
         )?
         .query_map(params![PURGE_WINDOW as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<_, _>>()?;
-    let old = window
-        .iter()
-        .take_while(|(_, created)| created.as_str() < cutoff)
-        .count();
-    let Some((last, _)) = window[..old].last() else {
+    let Some((last, old)) = created_before(&window, cutoff) else {
         return Ok((0, false));
     };
     let deleted = conn

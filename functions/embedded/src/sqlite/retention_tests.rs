@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use entrega_core::delivery::{Attempt, Delivery, DeliveryState, Trigger};
+use entrega_core::delivery::{Delivery, DeliveryState};
 use entrega_core::endpoint::Endpoint;
 use entrega_core::event::Event;
 use entrega_core::failure::{Failure, FailureReason};
-use entrega_core::ids::{AttemptId, EventId, FailureId, TenantId};
+use entrega_core::ids::{EventId, FailureId, TenantId};
 use entrega_core::ports::{Clock, DeliveryStore, EventStore, FailureStore, ManualClock};
 
 use super::*;
@@ -63,7 +63,11 @@ impl World {
             delivery.state = state;
             delivery.updated_at = now;
             let attempts = if state.is_terminal() {
-                vec![self.attempt(&delivery)]
+                vec![entrega_testkit::conformance::attempt(
+                    &delivery,
+                    &self.endpoint,
+                    1,
+                )]
             } else {
                 vec![]
             };
@@ -74,25 +78,6 @@ impl World {
                 .unwrap();
         }
         (event, Some(delivery))
-    }
-
-    fn attempt(&self, delivery: &Delivery) -> Attempt {
-        Attempt {
-            id: AttemptId::generate(),
-            delivery_id: delivery.id.clone(),
-            tenant_id: delivery.tenant_id.clone(),
-            endpoint_id: self.endpoint.id.clone(),
-            generation: 0,
-            number: 1,
-            started_at: self.clock.now(),
-            duration_ms: 5,
-            status_code: Some(200),
-            failure_kind: None,
-            error: None,
-            response_excerpt: None,
-            trigger: Trigger::Scheduled,
-            requested_by: None,
-        }
     }
 
     async fn failure(&self, delivery: &Delivery) -> FailureId {
