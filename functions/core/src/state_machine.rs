@@ -71,8 +71,6 @@ pub enum Skip {
     StaleGeneration,
     /// Another worker's attempt may still be running until this time.
     Busy(DateTime<Utc>),
-    /// At-most-once and already started: it is never started again.
-    AlreadyStarted,
 }
 
 /// What one finished attempt looked like.
@@ -123,7 +121,12 @@ pub fn begin(
             return Ok(give_up(next, actions, reason, now));
         }
     } else if mode == DeliveryMode::AtMostOnce && delivery.attempt_count > 0 {
-        return Err(Skip::AlreadyStarted);
+        // Sent before and still waiting: tried at least once before its endpoint was
+        // switched to at most once, or resumed with its one attempt made. Another send
+        // would break the promise, and skipping it (as before) left it waiting for
+        // good, never sent nor failed. It ends here, on the failures list, where a
+        // person sees it and can resend it.
+        return Ok(give_up(next, actions, FailureReason::AtMostOnce, now));
     }
     next.state = DeliveryState::Delivering;
     next.attempt_count += 1;
@@ -158,10 +161,9 @@ pub fn complete<R: Rng + ?Sized>(
     if report.result.status() == Some(GONE) {
         actions.push(Action::DisableEndpoint);
         if mode == DeliveryMode::AtMostOnce {
-            // Sent once already, so re-enabling must not send it again: waiting paused
-            // would wait forever (a resumed at-most-once delivery with an attempt is
-            // never started again). It ends here, on the failures list, where a
-            // person sees it.
+            // Sent once already, so re-enabling must not send it again: it ends here,
+            // on the failures list, where a person sees it, rather than paused until
+            // an enable that could only fail it.
             return give_up(next, actions, FailureReason::AtMostOnce, now);
         }
         // The receiver says the URL is gone for good, which is no failure of this

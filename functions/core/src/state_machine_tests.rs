@@ -241,6 +241,36 @@ fn resend_resets_the_counter_and_supersedes_old_messages() {
     assert_eq!(next.attempt_count, 1);
 }
 
+/// A delivery waiting for a retry when its endpoint is switched to at most once is
+/// sent no more, and ends on the failures list (it stayed waiting for good).
+#[test]
+fn a_retry_due_after_a_switch_to_at_most_once_ends_as_failed() {
+    let p = policy(RetryPreset::Standard);
+    let d = started(&fresh(), DeliveryMode::AtLeastOnce, &p, t0());
+    let waiting = complete(
+        &d,
+        &status(503, None),
+        DeliveryMode::AtLeastOnce,
+        &p,
+        t0(),
+        &mut StdRng::seed_from_u64(3),
+    );
+    assert_eq!(waiting.delivery.state, DeliveryState::Retrying);
+    let due = waiting.delivery.next_attempt_at.unwrap();
+    let step = begin(
+        &waiting.delivery,
+        0,
+        DeliveryMode::AtMostOnce,
+        &p,
+        LEASE,
+        due,
+    )
+    .unwrap();
+    assert!(!step.sends());
+    assert_eq!(step.delivery.state, DeliveryState::Failed);
+    assert_eq!(failure_reason(&step), Some(FailureReason::AtMostOnce));
+}
+
 /// A resend made while an attempt is under way goes out once that attempt's lease
 /// ends, never beside it, at most once too; so does a second resend made meanwhile.
 #[test]

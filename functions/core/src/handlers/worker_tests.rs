@@ -80,6 +80,30 @@ async fn a_503_is_retried_on_schedule_and_never_early() {
     assert_eq!(statuses, [Some(503), Some(200)]);
 }
 
+/// A retry due after its endpoint was switched to at most once is not sent: the
+/// delivery ends failed with its notice (it waited for good before, found by a
+/// hostile test).
+#[tokio::test]
+async fn a_retry_after_a_switch_to_at_most_once_fails_with_a_notice() {
+    let c = case(|e| e.retry = retry_after(vec![1, 1])).await;
+    c.world.transport.then([response(503)]);
+    let d = c.publish().await;
+    assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
+    let mut endpoint = c.stored_endpoint().await;
+    endpoint.mode = DeliveryMode::AtMostOnce;
+    c.world
+        .services
+        .store
+        .update_endpoint(&endpoint)
+        .await
+        .unwrap();
+    c.advance(2);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
+    assert_eq!(c.world.transport.requests().len(), 1, "not sent again");
+    assert_eq!(c.world.failures.len(), 1, "the failure handler is told");
+}
+
 #[tokio::test]
 async fn gone_pauses_the_delivery_and_disables_the_endpoint_without_a_failure() {
     let c = case(|_| {}).await;
