@@ -130,9 +130,16 @@ pub struct Delivery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// While `Delivering`: until when the attempt in progress may still be running.
-    /// Past it, the worker that started it is presumed dead.
+    /// Past it, the worker that started it is presumed dead. Kept by a resend made
+    /// while that attempt runs, which waits it out (`state_machine::resend`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_until: Option<DateTime<Utc>>,
+    /// The attempt a resend superseded while it ran, as an interrupted one: recorded
+    /// so when the resend's own attempt starts, unless the superseded attempt's worker
+    /// reported back first. After a crash it is the only trace of a request that may
+    /// have reached the receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded: Option<Box<Attempt>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +195,7 @@ impl Delivery {
             delivered_at: None,
             version: 0,
             requested_by: None,
+            superseded: None,
         }
     }
 }

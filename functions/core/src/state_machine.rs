@@ -105,6 +105,10 @@ pub fn begin(
     }
     let mut next = delivery.clone();
     let mut actions = Vec::new();
+    // The superseded attempt's worker never reported back: it may have sent.
+    if let Some(superseded) = next.superseded.take() {
+        actions.push(Action::RecordAttempt(*superseded));
+    }
     if delivery.state == DeliveryState::Delivering {
         // The worker that started this attempt died: its outcome is unknown.
         actions.push(Action::RecordAttempt(interrupted_attempt(delivery)));
@@ -228,6 +232,15 @@ pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> De
     // while the first request was still open, the event on the wire twice at once,
     // even to an at-most-once endpoint (a hostile test).
     next.lease_until = delivery.lease_until.filter(|until| *until > now);
+    // And is kept on record as interrupted until its worker reports back: with a
+    // crash in between, nothing else would show it was sent.
+    next.superseded = match delivery.state {
+        DeliveryState::Delivering if next.lease_until.is_some() => {
+            Some(Box::new(interrupted_attempt(delivery)))
+        }
+        _ if next.lease_until.is_some() => delivery.superseded.clone(),
+        _ => None,
+    };
     next.delivered_at = None;
     next.updated_at = now;
     next

@@ -295,6 +295,31 @@ fn a_resend_during_an_attempt_waits_for_its_lease() {
     assert_eq!(later.lease_until, None);
 }
 
+/// The attempt a resend superseded is kept as interrupted, through a second resend,
+/// and recorded when the resend's attempt starts (its worker never reported back).
+#[test]
+fn a_superseded_attempt_is_recorded_when_the_resend_starts() {
+    let p = policy(RetryPreset::None);
+    let mode = DeliveryMode::AtLeastOnce;
+    let running = started(&fresh(), mode, &p, t0());
+    let soon = t0() + Duration::from_secs(1);
+    let resent = resend(&resend(&running, "admin", soon), "admin", soon);
+    let superseded = resent.superseded.as_deref().expect("kept").clone();
+    assert_eq!(
+        (
+            superseded.generation,
+            superseded.number,
+            superseded.failure_kind
+        ),
+        (0, 1, Some(FailureKind::Interrupted))
+    );
+    let after = running.lease_until.unwrap() + Duration::from_millis(1);
+    let step = begin(&resent, resent.generation, mode, &p, LEASE, after).unwrap();
+    assert_eq!(step.attempts(), [superseded]);
+    assert_eq!(step.delivery.superseded, None);
+    assert!(step.sends());
+}
+
 #[test]
 fn transport_errors_are_logged_with_their_kind() {
     let p = policy(RetryPreset::Standard);

@@ -51,10 +51,12 @@ pub(super) async fn carry_out(
     Ok(Disposition::Done)
 }
 
-/// The attempt a resend superseded has ended (its outcome lost to the resend's write):
-/// the resend kept this attempt's lease, to wait for it (see
-/// [`crate::state_machine::resend`]), and now goes at once rather than when the lease
-/// runs out, which would hold a "try now" for the whole timeout.
+/// The attempt a resend superseded has ended (its outcome lost to the resend's write,
+/// its own record kept): the resend kept this attempt's lease, to wait for it, and a
+/// record of it as interrupted, in case it never reported back (see
+/// [`crate::state_machine::resend`]). It has: the record goes, and the resend goes at
+/// once rather than when the lease runs out, which would hold a "try now" for the
+/// whole timeout.
 pub(super) async fn release_to_resend(
     services: &Services,
     endpoint: &Endpoint,
@@ -63,25 +65,34 @@ pub(super) async fn release_to_resend(
     let Some(current) = services.store.get_delivery(&attempted.id).await? else {
         return Ok(());
     };
-    let waits_for_us = current.generation > attempted.generation
-        && current.state == DeliveryState::Pending
+    let ours = current.superseded.as_ref().is_some_and(|a| {
+        (a.generation, a.number) == (attempted.generation, attempted.attempt_count)
+    });
+    let waits_for_us = current.state == DeliveryState::Pending
         && current.lease_until.is_some()
         && current.lease_until == attempted.lease_until;
-    if !waits_for_us {
+    if !ours && !waits_for_us {
         return Ok(());
     }
     let mut next = current;
-    next.lease_until = None;
+    if ours {
+        next.superseded = None;
+    }
+    if waits_for_us {
+        next.lease_until = None;
+    }
     next.updated_at = services.clock.now();
     match services.store.save_delivery(&next, &[]).await {
-        Ok(released) => {
+        Ok(released) if waits_for_us => {
             // Its own message waits for the lease's end: this one goes now. The later
             // one then finds the attempt under way, or over.
             let task = DeliveryTask::for_delivery(&released);
             let message = task.message(endpoint.max_concurrency, Duration::ZERO);
             services.deliveries.send(vec![message]).await
         }
-        // Changed again meanwhile: whoever changed it queued what it needs.
+        Ok(_) => Ok(()),
+        // Changed again meanwhile: whoever changed it queued what it needs (and a
+        // record left behind is at worst one interrupted attempt too many).
         Err(crate::ports::StoreError::Conflict(_)) => Ok(()),
         Err(e) => Err(e),
     }

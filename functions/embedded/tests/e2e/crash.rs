@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::harness::*;
 
@@ -246,4 +246,61 @@ async fn kill_9_during_group_commit_under_load() {
         "{KILLS} kills with {} accepted events in all",
         accepted.len()
     );
+}
+
+/// `kill -9` while an attempt is out and a resend waits for it: after a restart the
+/// attempt, which may have reached the receiver, is on record as interrupted beside
+/// the resend's own (nothing showed it had been sent; a hostile test).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_a_resend_superseded_stays_on_record_through_a_crash() {
+    let dir = TempDir::new("crash-superseded");
+    let mut server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(
+        vec![Reply::status(200).after(Duration::from_secs(5))],
+        Reply::status(200),
+    )
+    .await;
+    acme.endpoint(json!({"url": receiver.url("/"), "timeout_ms": 6_000}))
+        .await;
+    let evt = acme.publish("a.b", json!({})).await;
+    eventually(Duration::from_secs(5), "the first request out", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let dlv = acme.deliveries_of(&evt).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = acme
+        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    server.kill_hard();
+
+    let server = Server::start(&dir);
+    let acme = Api {
+        base: server.base.clone(),
+        ..acme
+    };
+    let attempts = eventually(
+        Duration::from_secs(20),
+        "both attempts on record",
+        || async {
+            let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
+            let attempts = d["attempts"].as_array()?.clone();
+            (d["status"] == "delivered" && attempts.len() == 2).then_some(attempts)
+        },
+    )
+    .await;
+    let seen: Vec<_> = attempts
+        .iter()
+        .map(|a| (a["generation"].clone(), a["failure_kind"].clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(json!(0), json!("interrupted")), (json!(1), Value::Null)],
+        "{attempts:?}"
+    );
+    assert_eq!(receiver.count(), 2);
 }
