@@ -67,15 +67,25 @@ impl IdempotentRequest {
         route: &str,
         request: String,
     ) -> ApiResult<Self> {
-        let slot = match headers.get("idempotency-key") {
-            None => None,
-            Some(value) => {
-                let key = value
-                    .to_str()
+        let mut given = headers.get_all("idempotency-key").iter();
+        let slot = match (given.next(), given.next()) {
+            (None, _) => None,
+            (Some(_), Some(_)) => {
+                // Which one would it be? Each names a request of its own.
+                return Err(ApiError::invalid("Idempotency-Key", "give it once"));
+            }
+            (Some(value), None) => {
+                let key = std::str::from_utf8(value.as_bytes())
                     .ok()
-                    .filter(|k| !k.is_empty() && k.len() <= MAX_KEY_LEN)
+                    .filter(|k| {
+                        (1..=MAX_KEY_LEN).contains(&k.len())
+                            && k.bytes().all(|b| b.is_ascii_graphic())
+                    })
                     .ok_or_else(|| {
-                        ApiError::invalid("Idempotency-Key", "1 to 200 visible characters")
+                        ApiError::invalid(
+                            "Idempotency-Key",
+                            "1 to 200 visible ASCII characters (no spaces)",
+                        )
                     })?;
                 Some(format!("{route}#{}#{key}", caller.key_hash))
             }
@@ -147,5 +157,49 @@ impl IdempotentRequest {
             )
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrega_core::tenant::Principal;
+
+    fn request(keys: &[&[u8]]) -> ApiResult<IdempotentRequest> {
+        let mut headers = HeaderMap::new();
+        for key in keys {
+            headers.append(
+                "idempotency-key",
+                axum::http::HeaderValue::from_bytes(key).unwrap(),
+            );
+        }
+        let caller = Caller {
+            principal: Principal::Admin,
+            key_hash: "hash".into(),
+        };
+        IdempotentRequest::new(&headers, &caller, "route", "request".into())
+    }
+
+    /// A key is one run of visible ASCII, given once; anything else is refused with
+    /// the header named, rather than taken as some other key (a tab, a space, or the
+    /// first of two were).
+    #[test]
+    fn a_key_is_one_visible_word_given_once() {
+        assert_eq!(request(&[]).unwrap().slot, None);
+        assert_eq!(
+            request(&[b"console-0f9e"]).unwrap().slot.as_deref(),
+            Some("route#hash#console-0f9e")
+        );
+        let long = [b'k'; MAX_KEY_LEN + 1];
+        for refused in [
+            &[&b"a\tb"[..]][..],
+            &[b"a b"],
+            &[b"caf\xc3\xa9"],
+            &[&long[..]],
+            &[b"a", b"b"],
+        ] {
+            let problem = request(refused).err().expect("refused");
+            assert_eq!(problem.field.as_deref(), Some("Idempotency-Key"));
+        }
     }
 }
