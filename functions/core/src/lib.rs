@@ -12,6 +12,7 @@ pub mod endpoint_health;
 pub mod event;
 pub mod failure;
 pub mod handlers;
+pub mod hex;
 pub mod ids;
 pub mod memory;
 pub mod outcome;

@@ -34,16 +34,12 @@ pub enum Principal {
 pub fn generate_api_key() -> String {
     let mut bytes = [0u8; API_KEY_BYTES];
     rand::thread_rng().fill_bytes(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{API_KEY_PREFIX}{hex}")
+    format!("{API_KEY_PREFIX}{}", crate::hex::lower_hex(&bytes))
 }
 
 /// What the store keeps instead of the key: its SHA-256, hex.
 pub fn hash_api_key(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex::lower_hex(&Sha256::digest(key.as_bytes()))
 }
 
 #[cfg(test)]

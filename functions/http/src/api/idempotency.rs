@@ -45,10 +45,7 @@ pub(super) fn fingerprint(request: &impl Serialize) -> String {
     let canonical = serde_json::to_value(request)
         .map(|v| v.to_string())
         .unwrap_or_default();
-    Sha256::digest(canonical.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    entrega_core::hex::lower_hex(&Sha256::digest(canonical.as_bytes()))
 }
 
 fn key_reused() -> ApiError {
