@@ -105,6 +105,14 @@ impl Case {
         self.world.services.store.list_attempts(id).await.unwrap()
     }
 
+    /// Change the endpoint as stored now, as its owner would.
+    pub(super) async fn change_endpoint(&self, change: impl FnOnce(&mut Endpoint)) {
+        let mut endpoint = self.stored_endpoint().await;
+        change(&mut endpoint);
+        let store = &self.world.services.store;
+        store.update_endpoint(&endpoint).await.unwrap();
+    }
+
     /// The endpoint as stored now (its health included).
     pub(super) async fn stored_endpoint(&self) -> Endpoint {
         let stored = self.world.services.store.get_endpoint(&self.endpoint.id);

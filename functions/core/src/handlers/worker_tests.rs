@@ -89,14 +89,8 @@ async fn a_retry_after_a_switch_to_at_most_once_fails_with_a_notice() {
     c.world.transport.then([response(503)]);
     let d = c.publish().await;
     assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
-    let mut endpoint = c.stored_endpoint().await;
-    endpoint.mode = DeliveryMode::AtMostOnce;
-    c.world
-        .services
-        .store
-        .update_endpoint(&endpoint)
-        .await
-        .unwrap();
+    c.change_endpoint(|e| e.mode = DeliveryMode::AtMostOnce)
+        .await;
     c.advance(2);
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
@@ -345,14 +339,7 @@ async fn a_resend_of_an_old_delivery_seen_before_its_write_waits_for_it() {
 async fn a_disabled_endpoint_pauses_its_waiting_delivery() {
     let c = case(|_| {}).await;
     let d = c.publish().await;
-    let mut endpoint = c.endpoint.clone();
-    endpoint.disabled = true;
-    c.world
-        .services
-        .store
-        .update_endpoint(&endpoint)
-        .await
-        .unwrap();
+    c.change_endpoint(|e| e.disabled = true).await;
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
     assert!(c.world.transport.requests().is_empty());

@@ -263,19 +263,7 @@ async fn an_attempt_a_resend_superseded_stays_on_record_through_a_crash() {
     .await;
     acme.endpoint(json!({"url": receiver.url("/"), "timeout_ms": 6_000}))
         .await;
-    let evt = acme.publish("a.b", json!({})).await;
-    eventually(Duration::from_secs(5), "the first request out", || async {
-        (receiver.count() == 1).then_some(())
-    })
-    .await;
-    let dlv = acme.deliveries_of(&evt).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (status, body) = acme
-        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
-        .await;
-    assert_eq!(status, 202, "{body}");
+    let dlv = acme.resend_during_the_first_attempt(&receiver).await;
     server.kill_hard();
 
     let server = Server::start(&dir);

@@ -227,6 +227,27 @@ impl Api {
         (body["tenant"]["id"].as_str().unwrap().to_owned(), api)
     }
 
+    /// Publish an event to the tenant's one endpoint, wait for `receiver` to get its
+    /// first request, and resend the delivery while that attempt runs; its id.
+    pub async fn resend_during_the_first_attempt(&self, receiver: &Receiver) -> String {
+        let evt = self.publish("a.b", json!({})).await;
+        eventually(
+            std::time::Duration::from_secs(5),
+            "the first request out",
+            || async { (receiver.count() == 1).then_some(()) },
+        )
+        .await;
+        let dlv = self.deliveries_of(&evt).await[0]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (status, body) = self
+            .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        dlv
+    }
+
     /// Create an endpoint; returns its JSON.
     pub async fn endpoint(&self, body: Value) -> Value {
         let (status, body) = self.post("/v1/endpoints", body).await;

@@ -161,19 +161,7 @@ async fn a_resend_during_an_attempt_keeps_both_attempts() {
     )
     .await;
     acme.endpoint(json!({"url": receiver.url("/")})).await;
-    let evt = acme.publish("a.b", json!({})).await;
-    eventually(Duration::from_secs(5), "the first attempt", || async {
-        (receiver.count() == 1).then_some(())
-    })
-    .await;
-    let dlv = acme.deliveries_of(&evt).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (status, body) = acme
-        .post(&format!("/v1/deliveries/{dlv}/resend"), json!({}))
-        .await;
-    assert_eq!(status, 202, "{body}");
+    let dlv = acme.resend_during_the_first_attempt(&receiver).await;
     let attempts = eventually(Duration::from_secs(10), "both attempts logged", || async {
         let (_, d) = acme.get(&format!("/v1/deliveries/{dlv}")).await;
         let attempts = d["attempts"].as_array().unwrap().clone();
