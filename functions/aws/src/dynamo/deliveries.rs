@@ -46,8 +46,13 @@ impl DynamoStore {
                 )),
             ),
             (keys::BY_ENDPOINT.sk.to_owned(), s(id)),
-            (TTL_ATTRIBUTE.to_owned(), self.expires_at()),
         ]);
+        // Expires only once settled: a delivery still waiting or paused (behind an
+        // endpoint disabled for longer than the retention period) is never dropped
+        // unsent; the write that settles it starts its retention.
+        if d.state.is_terminal() {
+            item.insert(TTL_ATTRIBUTE.to_owned(), self.expires_at());
+        }
         // Only while it waits: the write that ends the wait takes it out of the index.
         if let Some(due) = d.due_at() {
             item.extend([

@@ -484,3 +484,57 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
         "each event once"
     );
 }
+
+/// A delivery expires (DynamoDB's TTL) only once settled: one paused behind an
+/// endpoint disabled for longer than the retention period was dropped unsent; the
+/// embedded store keeps waiting and paused deliveries the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_settled_delivery_expires() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use entrega_aws::dynamo::{keys, PK, SK, TTL_ATTRIBUTE};
+
+    let stack = Stack::provisioned(Arc::new(entrega_core::ports::SystemClock)).await;
+    let services = &stack.services;
+    let tenant = tenant(services).await;
+    let ep = endpoint(
+        services,
+        &tenant,
+        "https://hooks.example.com/".into(),
+        delays(vec![1]),
+    )
+    .await;
+    let event = event(services, &tenant, "a.b", "{}");
+    let id = DeliveryId::for_event(&event.id, &ep.id, event.created_at.timestamp_millis());
+    let fresh = entrega_core::delivery::Delivery::new(id, &event, ep.id.clone(), false, Utc::now());
+    let (mut d, _) = services
+        .store
+        .create_delivery_if_absent(&fresh)
+        .await
+        .unwrap();
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+    let mut expires = Vec::new();
+    for state in [
+        DeliveryState::Pending,
+        DeliveryState::Paused,
+        DeliveryState::Retrying,
+        DeliveryState::Delivered,
+    ] {
+        if d.state != state {
+            d.state = state;
+            d = services.store.save_delivery(&d, &[]).await.unwrap();
+        }
+        let (pk, sk) = keys::delivery(&d.id);
+        let item = dynamo
+            .get_item()
+            .table_name(&stack.resources.main_table)
+            .key(PK, AttributeValue::S(pk))
+            .key(SK, AttributeValue::S(sk))
+            .send()
+            .await
+            .unwrap()
+            .item
+            .expect("the delivery item");
+        expires.push(item.contains_key(TTL_ATTRIBUTE));
+    }
+    assert_eq!(expires, [false, false, false, true]);
+}
