@@ -16,6 +16,9 @@ use super::task::DeliveryTask;
 use super::until;
 use super::worker::Disposition;
 
+/// Why an endpoint answered `410 Gone` is disabled (the owner's notice says it).
+pub(super) const GONE_REASON: &str = "the receiver answered 410 Gone";
+
 /// Act on the post-write actions: requeue, or hand to the failure handler.
 pub(super) async fn carry_out(
     services: &Services,
@@ -34,8 +37,7 @@ pub(super) async fn carry_out(
             Action::DisableEndpoint => {
                 // A human decides whether the URL comes back. What else the step says
                 // still follows: an at-most-once delivery's failure notice.
-                let why = "the receiver answered 410 Gone";
-                health::disable(services, endpoint, why, services.clock.now()).await?;
+                health::disable(services, endpoint, GONE_REASON, services.clock.now()).await?;
                 if delivery.state == DeliveryState::Paused {
                     // Paused for an enable that never comes if the endpoint was not
                     // disabled after all: pointed at a new URL while the attempt ran

@@ -11,7 +11,7 @@ use super::health;
 use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
 use super::worker::Disposition;
-use super::worker_case::{case, Case, NEW_URL};
+use super::worker_case::{case, Case, During, NEW_URL};
 use crate::delivery::DeliveryState;
 use crate::endpoint::Endpoint;
 use crate::memory::response;
@@ -114,7 +114,7 @@ async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
     health::disable(
         &world.services,
         &attempted,
-        "the receiver answered 410 Gone",
+        super::follow_up::GONE_REASON,
         now,
     )
     .await
@@ -127,7 +127,7 @@ async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
     health::disable(
         &world.services,
         &current,
-        "the receiver answered 410 Gone",
+        super::follow_up::GONE_REASON,
         now,
     )
     .await
@@ -144,11 +144,14 @@ async fn a_410_from_a_url_the_endpoint_no_longer_has_disables_nothing() {
 
 /// One delivery attempted, answered 410 after the endpoint was changed during the
 /// attempt (deleted, or pointed elsewhere), and handled.
-async fn gone_after_a_change(delete: bool) -> (Case, crate::delivery::Delivery) {
+async fn gone_after_a_change(change: During) -> (Case, crate::delivery::Delivery) {
     let mut c = case(|_| {}).await;
-    c.change_during_the_first_attempt(delete);
     c.world.transport.then([response(410)]);
     let d = c.publish().await;
+    c.change_during_the_first_attempt(match change {
+        During::Resend(_) => During::Resend(d.id.clone()),
+        other => other,
+    });
     assert_eq!(c.handle_next().await, Disposition::Done);
     (c, d)
 }
@@ -158,7 +161,7 @@ async fn gone_after_a_change(delete: bool) -> (Case, crate::delivery::Delivery) 
 /// (it stayed paused for an enable that never came, found by a hostile test).
 #[tokio::test]
 async fn gone_from_a_url_changed_during_the_attempt_tries_the_new_one() {
-    let (c, d) = gone_after_a_change(false).await;
+    let (c, d) = gone_after_a_change(During::MoveUrl).await;
     assert!(!c.stored_endpoint().await.disabled);
     assert_eq!(c.handle_next().await, Disposition::Done);
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
@@ -176,6 +179,23 @@ async fn gone_from_a_url_changed_during_the_attempt_tries_the_new_one() {
 /// the deletion ends every other delivery of the endpoint.
 #[tokio::test]
 async fn gone_from_an_endpoint_deleted_during_the_attempt_ends_the_delivery() {
-    let (c, d) = gone_after_a_change(true).await;
+    let (c, d) = gone_after_a_change(During::Delete).await;
     assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Failed);
+}
+
+/// A 410 answered while a resend waits behind the attempt still disables the
+/// endpoint, and the resend waits, paused, for it to be enabled again: it went
+/// straight to the URL that had just said Gone (a hostile test).
+#[tokio::test]
+async fn gone_while_a_resend_waits_disables_the_endpoint_and_holds_the_resend() {
+    let placeholder = crate::ids::DeliveryId::generate();
+    let (c, d) = gone_after_a_change(During::Resend(placeholder)).await;
+    assert!(c.stored_endpoint().await.disabled, "the 410 stands");
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
+    assert_eq!(
+        c.world.transport.requests().len(),
+        1,
+        "not sent to the Gone URL"
+    );
 }

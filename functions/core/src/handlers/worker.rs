@@ -14,7 +14,7 @@ use crate::retry::{RetryPolicy, RetrySpec};
 use crate::slots::{SlotLease, SlotPool};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
-use super::follow_up::{carry_out, release_to_resend, requeue, settle_terminal};
+use super::follow_up::{carry_out, release_to_resend, requeue, settle_terminal, GONE_REASON};
 use super::health;
 use super::resume::{resume_step, ResumeTask};
 use super::task::DeliveryTask;
@@ -477,8 +477,14 @@ impl Attempting<'_> {
             Err(StoreError::Conflict(_)) => {
                 // Only a resend changes a delivery under a running attempt. The attempt
                 // still happened, and the store kept its record (under its own
-                // generation); the resend, waiting for this attempt, goes now.
-                health::observe(services, self.endpoint, succeeded, slow, now).await?;
+                // generation); the resend, waiting for this attempt, goes now. The
+                // attempt's verdict on the endpoint stands: after a 410 the resend
+                // finds it disabled and waits (it went straight to the Gone URL).
+                if step.actions.contains(&Action::DisableEndpoint) {
+                    health::disable(services, self.endpoint, GONE_REASON, now).await?;
+                } else {
+                    health::observe(services, self.endpoint, succeeded, slow, now).await?;
+                }
                 release_to_resend(services, self.endpoint, delivery).await?;
                 return Ok(Disposition::Done);
             }

@@ -134,13 +134,24 @@ impl Case {
     }
 }
 
-/// Changes the endpoint while the first request is out (pointed elsewhere, or
-/// deleted), then answers as the scripted transport does.
+/// What a person does while the first request is out.
+pub(super) enum During {
+    /// Points the endpoint at [`NEW_URL`].
+    MoveUrl,
+    /// Deletes the endpoint.
+    Delete,
+    /// Resends this delivery.
+    Resend(crate::ids::DeliveryId),
+}
+
+/// Does what [`During`] says while the first request is out, then answers as the
+/// scripted transport does.
 struct ChangedDuringTheAttempt {
     inner: Arc<crate::memory::ScriptedTransport>,
-    store: Arc<dyn crate::ports::Store>,
+    /// The world's services as they were (no HTTP is sent through them).
+    services: crate::ports::Services,
     endpoint: crate::ids::EndpointId,
-    delete: bool,
+    change: During,
     done: std::sync::atomic::AtomicBool,
 }
 
@@ -151,17 +162,20 @@ pub(super) const NEW_URL: &str = "https://new.acme.example/";
 impl crate::ports::Transport for ChangedDuringTheAttempt {
     async fn send(&self, request: &crate::ports::SignedRequest) -> crate::outcome::TransportResult {
         if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            if self.delete {
-                self.store.delete_endpoint(&self.endpoint).await.unwrap();
-            } else {
-                let mut moved = self
-                    .store
-                    .get_endpoint(&self.endpoint)
-                    .await
-                    .unwrap()
-                    .unwrap();
-                moved.url = NEW_URL.into();
-                self.store.update_endpoint(&moved).await.unwrap();
+            let store = &self.services.store;
+            match &self.change {
+                During::Delete => store.delete_endpoint(&self.endpoint).await.unwrap(),
+                During::MoveUrl => {
+                    let mut moved = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
+                    moved.url = NEW_URL.into();
+                    store.update_endpoint(&moved).await.unwrap();
+                }
+                During::Resend(id) => {
+                    let delivery = store.get_delivery(id).await.unwrap().unwrap();
+                    super::resend::resend_delivery(&self.services, &delivery, "admin")
+                        .await
+                        .unwrap();
+                }
             }
         }
         self.inner.send(request).await
@@ -170,12 +184,12 @@ impl crate::ports::Transport for ChangedDuringTheAttempt {
 
 impl Case {
     /// The first request changes the endpoint as [`ChangedDuringTheAttempt`] does.
-    pub(super) fn change_during_the_first_attempt(&mut self, delete: bool) {
+    pub(super) fn change_during_the_first_attempt(&mut self, change: During) {
         self.world.services.transport = Arc::new(ChangedDuringTheAttempt {
             inner: self.world.transport.clone(),
-            store: self.world.services.store.clone(),
+            services: self.world.services.clone(),
             endpoint: self.endpoint.id.clone(),
-            delete,
+            change,
             done: Default::default(),
         });
     }
