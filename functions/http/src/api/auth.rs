@@ -25,6 +25,13 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
+        // Which key would it be? The first was taken: a tenant's key then the admin's
+        // acted as the tenant, the other order as the admin.
+        if parts.headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+            return Err(ApiError::bad_request(
+                "give one `Authorization` header, with one API key",
+            ));
+        }
         let key = parts
             .headers
             .get(AUTHORIZATION)
