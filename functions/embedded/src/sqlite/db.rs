@@ -67,7 +67,7 @@ pub enum Durability {
     /// Every commit is on disk before it is confirmed: an accepted event survives a
     /// power loss. The default.
     // The log is synced after the commit, as `synchronous=FULL` does, but off the
-    // writer's thread (see `writer::sync_loop`).
+    // writer's thread (see `sync::sync_loop`).
     #[default]
     Full,
     /// Commits survive a crash of the process (`kill -9`), but the last ones may be
@@ -164,7 +164,7 @@ pub struct SqliteDb {
     publish_pages: Arc<std::sync::atomic::AtomicI64>,
     /// When a write last failed (unix ms; 0: never), set by the writer thread.
     last_write_failure_ms: Arc<std::sync::atomic::AtomicI64>,
-    /// Why no write is made any more (a failed sync; see `writer::sync_loop`).
+    /// Why no write is made any more (a failed sync; see `sync::sync_loop`).
     broken: Arc<std::sync::OnceLock<String>>,
 }
 

@@ -159,10 +159,10 @@ where
 ///
 /// The writer never waits for the disk itself: it commits with
 /// `synchronous=NORMAL`, which writes the log without syncing it, and the callers who
-/// need their work on disk hear "done" from [`sync_loop`] once the log is synced. So
-/// while one sync is under way the writer goes on committing the next groups, and
-/// one sync covers them all, where a synchronous commit held the writer idle for
-/// every sync (at 5 000 events/s, most of its time).
+/// need their work on disk hear "done" from [`super::sync::sync_loop`] once the log
+/// is synced. So while one sync is under way the writer goes on committing the next
+/// groups, and one sync covers them all, where a synchronous commit held the writer
+/// idle for every sync (at 5 000 events/s, most of its time).
 pub(super) fn write_loop(
     mut conn: Connection,
     mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
