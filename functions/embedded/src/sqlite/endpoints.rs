@@ -201,10 +201,11 @@ impl EndpointStore for SqliteStore {
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
-        let (tenant, now) = (tenant.to_string(), self.clock.now());
-        if let Some(endpoints) = self.endpoint_lists.get(&tenant, now) {
+        let now = self.clock.now();
+        if let Some(endpoints) = self.endpoint_lists.get(tenant.as_str(), now) {
             return Ok(endpoints.as_ref().clone());
         }
+        let tenant = tenant.to_string();
         let read_at = self.endpoint_lists.generation();
         let key = tenant.clone();
         let endpoints: Vec<Endpoint> = self

@@ -13,6 +13,7 @@
 //! made past it by hand (an operator's `sqlite3` shell) is seen once the entry is
 //! [`TRUSTED_FOR`] old.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +61,13 @@ impl<K: Hash + Eq, V: Clone> ReadCache<K, V> {
     }
 
     /// The value for `key`, if one was read since the last write and is still trusted.
-    pub fn get(&self, key: &K, now: DateTime<Utc>) -> Option<V> {
+    /// Looked up by a borrowed key (`&str` for a `String`): a hit, every API request,
+    /// allocates nothing.
+    pub fn get<Q>(&self, key: &Q, now: DateTime<Utc>) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let current = self.generation();
         let entries = self.entries();
         let entry = entries.get(key)?;

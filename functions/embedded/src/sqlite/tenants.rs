@@ -78,7 +78,7 @@ impl TenantStore for SqliteStore {
 
     async fn principal_for_key(&self, api_key_hash: &str) -> StoreResult<Option<Principal>> {
         let now = self.clock.now();
-        if let Some(principal) = self.principals.get(&api_key_hash.to_owned(), now) {
+        if let Some(principal) = self.principals.get(api_key_hash, now) {
             return Ok(Some(principal));
         }
         let read_at = self.principals.generation();
