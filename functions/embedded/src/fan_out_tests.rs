@@ -19,6 +19,29 @@ async fn open(
     crate::test_support::sqlite_services(dir, clock, TargetPolicy::default()).await
 }
 
+/// Publish `event` in a task of its own, returning once its row is committed (and
+/// readable) while the publish may still wait for its sync: the task.
+async fn publish_until_committed(
+    store: &SqliteStore,
+    event: &Event,
+) -> tokio::task::JoinHandle<entrega_core::ports::StoreResult<entrega_core::ports::Published>> {
+    use entrega_core::ports::EventStore;
+
+    let publishing = tokio::spawn({
+        let (store, event) = (store.clone(), event.clone());
+        async move { store.publish(&event).await }
+    });
+    entrega_testkit::eventually(Duration::from_secs(5), "the row committed", || async {
+        store
+            .get_event(&event.tenant_id, &event.id)
+            .await
+            .unwrap()
+            .map(drop)
+    })
+    .await;
+    publishing
+}
+
 /// A publish that finds every slot taken leaves its event to the outbox poller; one
 /// that finds a slot fans it out beside the request.
 #[tokio::test]
@@ -125,18 +148,7 @@ async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
     let (answered, waiting) = (event(1), event(2));
     store.publish(&answered).await.unwrap();
     hold.store(true, Ordering::SeqCst);
-    let publishing = tokio::spawn({
-        let (store, waiting) = (store.clone(), waiting.clone());
-        async move { store.publish(&waiting).await }
-    });
-    entrega_testkit::eventually(Duration::from_secs(5), "the row committed", || async {
-        store
-            .get_event(&waiting.tenant_id, &waiting.id)
-            .await
-            .unwrap()
-            .map(drop)
-    })
-    .await;
+    let publishing = publish_until_committed(&store, &waiting).await;
     clock.advance(INLINE_GRACE * 2);
     let polled = tokio::spawn({
         let store = store.clone();
@@ -163,7 +175,7 @@ async fn the_poller_takes_no_event_whose_publish_waits_for_its_sync() {
 async fn the_poller_finds_an_event_whose_publisher_hung_up() {
     use std::sync::atomic::Ordering;
 
-    use entrega_core::ports::{Clock, EventStore};
+    use entrega_core::ports::Clock;
 
     let dir = entrega_testkit::TempDir::new("fan-out-hung-up");
     let (db, hold) = crate::sqlite::SqliteDb::open_with_held_sync(&dir.0.join("e.db"), true);
@@ -176,18 +188,7 @@ async fn the_poller_finds_an_event_whose_publisher_hung_up() {
         payload: "{}".into(),
         created_at: clock.now(),
     };
-    let publishing = tokio::spawn({
-        let (store, event) = (store.clone(), event.clone());
-        async move { store.publish(&event).await }
-    });
-    entrega_testkit::eventually(Duration::from_secs(5), "the row committed", || async {
-        store
-            .get_event(&event.tenant_id, &event.id)
-            .await
-            .unwrap()
-            .map(drop)
-    })
-    .await;
+    let publishing = publish_until_committed(&store, &event).await;
     publishing.abort();
     assert!(publishing.await.unwrap_err().is_cancelled());
     hold.store(false, Ordering::SeqCst);
