@@ -40,11 +40,7 @@ pub(super) const RESEND_FAILURE: &str = "resend-failure";
 const PAGE: usize = 200;
 
 /// Resend one delivery now, answering with its new state.
-pub(super) async fn resend_one(
-    state: &AppState,
-    caller: &Caller,
-    delivery: &Delivery,
-) -> ApiResult<Delivery> {
+async fn resend_one(state: &AppState, caller: &Caller, delivery: &Delivery) -> ApiResult<Delivery> {
     resend_delivery(&state.services, delivery, &caller.label())
         .await
         .map_err(|e| match e {
