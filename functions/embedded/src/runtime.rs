@@ -56,7 +56,8 @@ const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT
 /// [`crate::slow_attempts::SLOW_CHECK_INTERVAL`]) leaves its worker slot for one of the
 /// [`SLOW_SLOTS`] (when one is free): an endpoint that hangs then holds the slow
 /// slots, not the ones every tenant's quick attempts turn over in, and it no longer
-/// counts against its tenant's share (its endpoint's cap still holds it).
+/// counts against its tenant's share (its endpoint's cap still holds it). For
+/// [`SLOW_MEMORY`] after, that endpoint's attempts start in a slow slot at once.
 pub const SLOW_AFTER: Duration = Duration::from_secs(1);
 /// Attempts past [`SLOW_AFTER`] in flight at once beside the worker's slots: each is
 /// a socket and its request, so they are bounded too; when all are taken, or its
@@ -181,10 +182,11 @@ impl Runtime {
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
+        let slow_slots = Arc::new(Semaphore::new(SLOW_SLOTS));
         let attempts = SlowAttempts::default();
         tokio::spawn(attempts.clone().watch(
             SLOW_AFTER,
-            Arc::new(Semaphore::new(SLOW_SLOTS)),
+            slow_slots.clone(),
             self.delivery_queue.clone(),
             shutdown.clone(),
         ));
@@ -241,9 +243,24 @@ impl Runtime {
                 .collect();
             let prefetched = self.store.prefetch(&tasks).await;
             for (message, prefetched) in received.into_iter().zip(prefetched) {
-                let permit = slots.clone().acquire_owned().await.expect("never closed");
+                // An attempt at an endpoint slow lately starts in a slow slot, if one
+                // is free (see `Scheduler::demote_if_lane_slow`); others in a worker
+                // slot (free: as many were received).
+                let slow = slow_slots.clone().try_acquire_owned().ok();
+                let under_way = match slow {
+                    Some(slow)
+                        if self
+                            .delivery_queue
+                            .demote_if_lane_slow(&message.receipt, true) =>
+                    {
+                        attempts.start_slow(&message.receipt, slow)
+                    }
+                    _ => {
+                        let permit = slots.clone().acquire_owned().await.expect("never closed");
+                        attempts.start(&message.receipt, permit)
+                    }
+                };
                 let (services, conditions) = (self.services.clone(), self.conditions.clone());
-                let under_way = attempts.start(&message.receipt, permit);
                 in_flight.spawn(async move {
                     prefetched
                         .scope(run_delivery(&services, &conditions, message))

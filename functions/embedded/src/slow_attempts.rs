@@ -52,16 +52,28 @@ impl SlowAttempts {
 
     /// Note the attempt for the message of `receipt`, holding `worker_slot`.
     pub fn start(&self, receipt: &str, worker_slot: OwnedSemaphorePermit) -> UnderWay {
+        self.insert(Running {
+            started: Instant::now(),
+            receipt: receipt.to_owned(),
+            worker_slot: Some(worker_slot),
+            slow_slot: None,
+        })
+    }
+
+    /// Note an attempt that starts in `slow_slot` (its endpoint's attempts ran long
+    /// lately): it holds no worker slot, so the watch leaves it alone.
+    pub fn start_slow(&self, receipt: &str, slow_slot: OwnedSemaphorePermit) -> UnderWay {
+        self.insert(Running {
+            started: Instant::now(),
+            receipt: receipt.to_owned(),
+            worker_slot: None,
+            slow_slot: Some(slow_slot),
+        })
+    }
+
+    fn insert(&self, running: Running) -> UnderWay {
         let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.lock().insert(
-            key,
-            Running {
-                started: Instant::now(),
-                receipt: receipt.to_owned(),
-                worker_slot: Some(worker_slot),
-                slow_slot: None,
-            },
-        );
+        self.lock().insert(key, running);
         UnderWay {
             attempts: self.clone(),
             key,

@@ -19,7 +19,11 @@
 //! - once `shared` messages are in flight in all, only a *light* group gets another:
 //!   one with fewer than `floor` in flight and not slow lately.
 //!
-//! So hanging tenants, however many, leave the last slots to the others.
+//! So hanging tenants, however many, leave the last slots to the others. And a lane
+//! whose attempt ran long lately has its next attempts demoted as they start
+//! ([`Scheduler::demote_if_lane_slow`]): they never spend their first moments in the
+//! worker's slots, so a slow endpoint that turns over quickly cannot fill its tenant's
+//! share, and the tenant's quick endpoints keep their pace.
 //!
 //! The scheduler holds no bodies and does no I/O; the SQLite queue persists every
 //! message and rebuilds this at start-up (only one process may open the database, so
@@ -64,6 +68,8 @@ struct Lane {
     in_rotation: bool,
     /// The pending timer for a delayed head, if one is set.
     timer_at: Option<Millis>,
+    /// Until when one of its attempts counts as having run long lately.
+    slow_until: Millis,
 }
 
 struct Group {
@@ -359,7 +365,8 @@ impl Scheduler {
     }
 
     /// The message `id` (in flight under `receipt`) has run long: its group counts as
-    /// slow for `slow_memory` (no kept slots for it), and if `may_demote` and the
+    /// slow for `slow_memory` (no kept slots for it), its lane too (its next attempts
+    /// start demoted, see [`Self::demote_if_lane_slow`]), and if `may_demote` and the
     /// group has fewer than `demoted_per_group` demoted, the message is demoted: it
     /// no longer counts against its group's share or the shared slots (its attempt
     /// has moved out of the worker's slots), only against its lane's cap. Whether it
@@ -377,14 +384,53 @@ impl Scheduler {
         if !message.in_flight || message.demoted || message.receipt != receipt {
             return false;
         }
-        let group_id = self.lanes[&message.lane].group;
+        let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
+        lane.slow_until = now + self.slots.slow_memory;
+        let group_id = lane.group;
         let group = self.groups.get_mut(&group_id).expect("a lane's group");
         group.slow_until = now + self.slots.slow_memory;
-        if !may_demote || group.demoted >= self.slots.demoted_per_group {
-            // It stays, and counts against the slow groups' share from now on.
-            if !std::mem::replace(&mut message.slow_share, true) {
-                self.slow_in_flight += 1;
-            }
+        if may_demote && self.demote(id) {
+            return true;
+        }
+        // It stays, and counts against the slow groups' share from now on.
+        let message = self.messages.get_mut(&id).expect("just read");
+        if !std::mem::replace(&mut message.slow_share, true) {
+            self.slow_in_flight += 1;
+        }
+        false
+    }
+
+    /// The message `id`, just handed out under `receipt`: if its lane ran long lately
+    /// (see [`Self::note_slow`]) and `may_demote` (a slow slot is free), it is demoted
+    /// at once, as its attempt will likely run long too. Why not wait for it to: an
+    /// endpoint that answers in a few seconds turns over many attempts a second, and
+    /// each spent its first moments in a worker slot counted against its tenant's
+    /// share, which filled the share and slowed the tenant's quick endpoints to the
+    /// slow one's pace. Whether it was demoted.
+    pub fn demote_if_lane_slow(
+        &mut self,
+        id: MessageId,
+        receipt: u64,
+        now: Millis,
+        may_demote: bool,
+    ) -> bool {
+        let Some(message) = self.messages.get(&id) else {
+            return false;
+        };
+        if !may_demote || !message.in_flight || message.demoted || message.receipt != receipt {
+            return false;
+        }
+        self.lanes[&message.lane].slow_until > now && self.demote(id)
+    }
+
+    /// Demote the message `id` (in flight, not demoted) if its group may have another
+    /// demoted: out of its group's share and the shared slots, still against its
+    /// lane's cap. Whether it was.
+    fn demote(&mut self, id: MessageId) -> bool {
+        let message = self.messages.get_mut(&id).expect("a message in flight");
+        let group_id = self.lanes[&message.lane].group;
+        let group = self.groups.get_mut(&group_id).expect("a lane's group");
+        if group.demoted >= self.slots.demoted_per_group {
             return false;
         }
         group.demoted += 1;
@@ -578,6 +624,7 @@ impl Scheduler {
                 len: 0,
                 in_rotation: false,
                 timer_at: None,
+                slow_until: Millis::MIN,
             },
         );
         id

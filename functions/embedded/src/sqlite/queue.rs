@@ -169,6 +169,19 @@ impl SqliteQueue {
         self.scheduler().note_slow(id, number, now, may_demote)
     }
 
+    /// The message of `receipt` was just received: demoted at once if its endpoint's
+    /// attempts ran long lately (see [`Scheduler::demote_if_lane_slow`]); whether it
+    /// was, so that its attempt starts in a slow slot. In memory only, as
+    /// [`Self::note_slow`].
+    pub fn demote_if_lane_slow(&self, receipt: &str, may_demote: bool) -> bool {
+        let Some((id, number)) = parse_receipt(receipt) else {
+            return false;
+        };
+        let now = millis(self.clock.now());
+        self.scheduler()
+            .demote_if_lane_slow(id, number, now, may_demote)
+    }
+
     /// Wake a consumer waiting for work (a worker slot was given up).
     pub fn wake_consumer(&self) {
         self.work.notify_one();

@@ -152,6 +152,68 @@ async fn an_endpoint_hanging_with_the_largest_cap_leaves_its_neighbour_its_turn(
     );
 }
 
+/// A tenant's endpoints that answer in a few seconds, with large caps, turn over many
+/// attempts a second; the same tenant's quick endpoint keeps its pace beside them.
+/// (Each slow attempt used to spend its first second in a worker slot, counted against
+/// the tenant's share, which filled it: the quick endpoint ran at the slow ones' pace,
+/// about 15 deliveries a second.)
+#[tokio::test(flavor = "multi_thread")]
+async fn endpoints_slower_than_a_second_leave_their_tenants_quick_endpoint_its_pace() {
+    const SLOW_EVENTS: usize = 300;
+    const QUICK_EVENTS: usize = 200;
+    const CAP: usize = 64;
+    let dir = TempDir::new("fairness-pace");
+    let server = Server::start(&dir);
+    let (_, tenant) = server.admin().tenant("Mixed Ltd").await;
+    let in_2s = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(2))).await;
+    for path in ["/a", "/b"] {
+        tenant
+            .endpoint(
+                json!({"url": in_2s.url(path), "max_concurrency": CAP, "event_types": ["slow"]}),
+            )
+            .await;
+    }
+    let quick = Receiver::answering(200).await;
+    tenant
+        .endpoint(json!({"url": quick.url("/"), "event_types": ["quick"]}))
+        .await;
+    for i in 0..SLOW_EVENTS {
+        tenant.publish("slow", json!({"i": i})).await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the slow endpoints busy",
+        || async { (in_2s.peak_in_flight() >= CAP).then_some(()) },
+    )
+    .await;
+    // Their attempts noted slow.
+    tokio::time::sleep(SLOW_AFTER * 2).await;
+
+    let started = Instant::now();
+    for i in 0..QUICK_EVENTS {
+        tenant.publish("quick", json!({"i": i})).await;
+    }
+    eventually(
+        Duration::from_secs(60),
+        "the quick endpoint's deliveries",
+        || async { (quick.count() >= QUICK_EVENTS).then_some(()) },
+    )
+    .await;
+    let took = started.elapsed();
+    let slow_left = 2 * SLOW_EVENTS - in_2s.count();
+    println!(
+        "{QUICK_EVENTS} to the quick endpoint took {took:?}; {slow_left} slow ones waited still"
+    );
+    assert!(
+        slow_left > 0,
+        "the slow endpoints' backlog outlasted the measure"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "the quick endpoint was held to the slow ones' pace: {QUICK_EVENTS} took {took:?}"
+    );
+}
+
 /// Publish [`PROBES`] events one at a time to `fast`, each once the last arrived;
 /// the worst publish → receive.
 async fn probe(tenant: &Api, fast: &Receiver) -> Duration {
