@@ -369,11 +369,10 @@ async fn metrics_handler(
     headers: axum::http::HeaderMap,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let bearer = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let bearer = match entrega_http::api::auth::bearer_key(&headers) {
+        Ok(bearer) => bearer,
+        Err(refused) => return refused.into_response(),
+    };
     let allowed = match bearer {
         None => false,
         Some(token)

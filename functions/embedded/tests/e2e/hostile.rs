@@ -647,25 +647,29 @@ fn an_unwritable_database_location_names_the_path_and_the_flag() {
     );
 }
 
-/// Two `Authorization` headers are refused, whichever comes first: the first was
-/// taken, so a tenant's key then the admin's acted as the tenant, the other order as
-/// the admin.
+/// Two `Authorization` headers are refused, whichever comes first, by the API and by
+/// `/metrics`: the first was taken, so a tenant's key then the admin's acted as the
+/// tenant, the other order as the admin.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_authorization_headers_are_refused() {
     let dir = TempDir::new("two-keys");
     let server = Server::start(&dir);
     let admin = server.admin();
     let (_, acme) = admin.tenant("Acme").await;
-    for keys in [[&acme.key, &admin.key], [&admin.key, &acme.key]] {
+    let routes = ["/v1/endpoints", "/metrics"];
+    for (keys, route) in [[&acme.key, &admin.key], [&admin.key, &acme.key]]
+        .into_iter()
+        .flat_map(|keys| routes.map(|route| (keys, route)))
+    {
         let resp = acme
             .client
-            .get(format!("{}/v1/endpoints", acme.base))
+            .get(format!("{}{route}", acme.base))
             .header("authorization", format!("Bearer {}", keys[0]))
             .header("authorization", format!("Bearer {}", keys[1]))
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status().as_u16(), 400);
+        assert_eq!(resp.status().as_u16(), 400, "{route}");
         let problem: Value = resp.json().await.unwrap();
         assert!(
             problem["detail"]

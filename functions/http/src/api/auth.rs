@@ -25,21 +25,7 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
-        // Which key would it be? The first was taken: a tenant's key then the admin's
-        // acted as the tenant, the other order as the admin.
-        if parts.headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
-            return Err(ApiError::bad_request(
-                "give one `Authorization` header, with one API key",
-            ));
-        }
-        let key = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(ApiError::unauthorized)?;
+        let key = bearer_key(&parts.headers)?.ok_or_else(ApiError::unauthorized)?;
         let key_hash = hash_api_key(key);
         let principal = state
             .services
@@ -52,6 +38,23 @@ impl FromRequestParts<AppState> for Caller {
             key_hash,
         })
     }
+}
+
+/// The bearer token of the request's `Authorization` header, if it has one; 400 for
+/// two headers. Why refuse rather than take the first: which key would it be? A
+/// tenant's key then the admin's acted as the tenant, the other order as the admin.
+pub fn bearer_key(headers: &axum::http::HeaderMap) -> ApiResult<Option<&str>> {
+    if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        return Err(ApiError::bad_request(
+            "give one `Authorization` header, with one API key",
+        ));
+    }
+    Ok(headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty()))
 }
 
 impl Caller {
