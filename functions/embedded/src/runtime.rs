@@ -246,15 +246,15 @@ impl Runtime {
                 // An attempt at an endpoint slow lately starts in a slow slot, if one
                 // is free (see `Scheduler::demote_if_lane_slow`); others in a worker
                 // slot (free: as many were received).
-                let slow = slow_slots.clone().try_acquire_owned().ok();
+                let mut slow = None;
+                let demoted = self
+                    .delivery_queue
+                    .demote_if_lane_slow(&message.receipt, || {
+                        slow = slow_slots.clone().try_acquire_owned().ok();
+                        slow.is_some()
+                    });
                 let under_way = match slow {
-                    Some(slow)
-                        if self
-                            .delivery_queue
-                            .demote_if_lane_slow(&message.receipt, true) =>
-                    {
-                        attempts.start_slow(&message.receipt, slow)
-                    }
+                    Some(slow) if demoted => attempts.start_slow(&message.receipt, slow),
                     _ => {
                         let permit = slots.clone().acquire_owned().await.expect("never closed");
                         attempts.start(&message.receipt, permit)

@@ -401,8 +401,8 @@ impl Scheduler {
     }
 
     /// The message `id`, just handed out under `receipt`: if its lane ran long lately
-    /// (see [`Self::note_slow`]) and `may_demote` (a slow slot is free), it is demoted
-    /// at once, as its attempt will likely run long too. Why not wait for it to: an
+    /// (see [`Self::note_slow`]) and `may_demote()` (asked only then: it takes a slow
+    /// slot), it is demoted at once, as its attempt will likely run long too. Why not wait for it to: an
     /// endpoint that answers in a few seconds turns over many attempts a second, and
     /// each spent its first moments in a worker slot counted against its tenant's
     /// share, which filled the share and slowed the tenant's quick endpoints to the
@@ -412,15 +412,15 @@ impl Scheduler {
         id: MessageId,
         receipt: u64,
         now: Millis,
-        may_demote: bool,
+        may_demote: impl FnOnce() -> bool,
     ) -> bool {
         let Some(message) = self.messages.get(&id) else {
             return false;
         };
-        if !may_demote || !message.in_flight || message.demoted || message.receipt != receipt {
+        if !message.in_flight || message.demoted || message.receipt != receipt {
             return false;
         }
-        self.lanes[&message.lane].slow_until > now && self.demote(id)
+        self.lanes[&message.lane].slow_until > now && may_demote() && self.demote(id)
     }
 
     /// Demote the message `id` (in flight, not demoted) if its group may have another

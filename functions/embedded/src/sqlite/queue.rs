@@ -170,10 +170,10 @@ impl SqliteQueue {
     }
 
     /// The message of `receipt` was just received: demoted at once if its endpoint's
-    /// attempts ran long lately (see [`Scheduler::demote_if_lane_slow`]); whether it
-    /// was, so that its attempt starts in a slow slot. In memory only, as
-    /// [`Self::note_slow`].
-    pub fn demote_if_lane_slow(&self, receipt: &str, may_demote: bool) -> bool {
+    /// attempts ran long lately and `may_demote()` (see
+    /// [`Scheduler::demote_if_lane_slow`]); whether it was, so that its attempt starts
+    /// in a slow slot. In memory only, as [`Self::note_slow`].
+    pub fn demote_if_lane_slow(&self, receipt: &str, may_demote: impl FnOnce() -> bool) -> bool {
         let Some((id, number)) = parse_receipt(receipt) else {
             return false;
         };
