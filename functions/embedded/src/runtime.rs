@@ -73,6 +73,7 @@ pub fn kept_slots() -> crate::sqlite::KeptSlots {
         shared: SHARED_SLOTS as u32,
         floor: KEPT_SLOTS_PER_TENANT as u32,
         slow_memory: SLOW_MEMORY.as_millis() as i64,
+        quick_within: SLOW_AFTER.as_millis() as i64,
         demoted_per_group: SLOW_SLOTS_PER_TENANT as u32,
         slow_share: SLOW_TENANTS_SHARE as u32,
     }

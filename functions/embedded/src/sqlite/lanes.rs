@@ -21,9 +21,9 @@
 //!
 //! So hanging tenants, however many, leave the last slots to the others. And a lane
 //! whose attempt ran long lately has its next attempts demoted as they start
-//! ([`Scheduler::demote_if_lane_slow`]): they never spend their first moments in the
-//! worker's slots, so a slow endpoint that turns over quickly cannot fill its tenant's
-//! share, and the tenant's quick endpoints keep their pace.
+//! ([`Scheduler::demote_if_lane_slow`]), while a lane proven quick is not held to its
+//! slow tenant's share: a tenant's quick endpoints keep their pace beside its slow
+//! ones (the rules are in [`slots`]).
 //!
 //! The scheduler holds no bodies and does no I/O; the SQLite queue persists every
 //! message and rebuilds this at start-up (only one process may open the database, so
@@ -31,6 +31,17 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+
+mod slots;
+mod state;
+pub use slots::KeptSlots;
+use state::runnable;
+
+/// Lanes of a group passed over in one turn at most, looking for one that may run
+/// (proven quick, in a group held to the slow share): bounds what a receive costs for
+/// a tenant with many slow endpoints; the lanes further on are looked at in its next
+/// turns (passed-over lanes go to the back of its rotation).
+const LANES_PASSED_OVER_PER_TURN: usize = 16;
 
 /// A message's row id.
 pub type MessageId = i64;
@@ -54,6 +65,8 @@ struct Message {
     /// The latest receipt handed out; only it may delete or re-hide the message.
     receipt: u64,
     receive_count: u32,
+    /// When it was last handed out.
+    handed_at: Millis,
 }
 
 struct Lane {
@@ -70,6 +83,11 @@ struct Lane {
     timer_at: Option<Millis>,
     /// Until when one of its attempts counts as having run long lately.
     slow_until: Millis,
+    /// Until when one of its attempts counts as having ended in time lately.
+    quick_until: Millis,
+    /// When a pending timer retires it, if it is still empty then (see
+    /// [`Scheduler::retire_if_idle`]).
+    retire_at: Option<Millis>,
 }
 
 struct Group {
@@ -86,6 +104,8 @@ struct Group {
     demoted: u32,
     /// Until when it counts as slow: one of its attempts ran long lately.
     slow_until: Millis,
+    /// Its lanes, empty ones kept for what they proved included.
+    lanes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,6 +114,8 @@ enum Timer {
     Lane(LaneId),
     /// A received message's visibility timeout runs out (if the receipt is current).
     Expiry(MessageId, u64),
+    /// An empty lane is forgotten, if what it proved has run out.
+    Retire(LaneId),
 }
 
 /// A message handed out by [`Scheduler::receive`].
@@ -127,22 +149,6 @@ pub struct Scheduler {
     held_back: Vec<GroupId>,
 }
 
-/// See [`Scheduler::keep_last_slots`].
-#[derive(Debug, Clone, Copy)]
-pub struct KeptSlots {
-    /// In flight in all past which only light groups get another message: groups
-    /// with fewer than `floor` in flight that have not been slow for `slow_memory`.
-    pub shared: u32,
-    pub floor: u32,
-    pub slow_memory: Millis,
-    /// Most demoted messages one group may have.
-    pub demoted_per_group: u32,
-    /// Most messages of groups slow lately in flight at once (but demoted ones): they
-    /// share this many of the shared slots, so attempts that neither end nor move out
-    /// (the slow slots all taken) cannot crowd out quick ones.
-    pub slow_share: u32,
-}
-
 impl Scheduler {
     /// `receipt_seed` makes receipts unpredictable across restarts, so a receipt from a
     /// previous process never matches a message of this one.
@@ -159,30 +165,8 @@ impl Scheduler {
             next_receipt: receipt_seed | 1,
             in_flight: 0,
             slow_in_flight: 0,
-            slots: KeptSlots {
-                shared: u32::MAX,
-                floor: 0,
-                slow_memory: 0,
-                demoted_per_group: u32::MAX,
-                slow_share: u32::MAX,
-            },
+            slots: KeptSlots::NONE,
             held_back: Vec::new(),
-        }
-    }
-
-    /// Once `slots.shared` messages are in flight in all, hand more only to light
-    /// groups (see [`KeptSlots`]), whatever their lanes' caps add up to.
-    pub fn keep_last_slots(&mut self, slots: KeptSlots) {
-        self.slots = slots;
-    }
-
-    /// Whether `group` may have one more message in flight now.
-    fn may_take(&self, group: &Group, now: Millis) -> bool {
-        if group.slow_until > now {
-            // Slow lately: its part of the slow groups' share, never a kept slot.
-            self.in_flight < self.slots.shared && self.slow_in_flight < self.slots.slow_share
-        } else {
-            self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
         }
     }
 
@@ -208,6 +192,7 @@ impl Scheduler {
     pub fn group_lens(&self) -> Vec<(String, u64)> {
         self.groups
             .values()
+            .filter(|g| g.len > 0)
             .map(|g| (g.name.clone(), g.len))
             .collect()
     }
@@ -245,6 +230,7 @@ impl Scheduler {
                 slow_share: false,
                 receipt: 0,
                 receive_count: 0,
+                handed_at: 0,
             },
         );
         self.activate(lane_id, now);
@@ -263,40 +249,72 @@ impl Scheduler {
                 continue;
             };
             group.in_rotation = false;
-            if !self.may_take(&self.groups[&group_id], now) {
-                // Parked with its lanes still in its rotation; a message leaving
-                // its share puts it back (see `leave_share`).
-                let group = self.groups.get_mut(&group_id).expect("just read");
-                if !group.held_back {
-                    group.held_back = true;
-                    self.held_back.push(group_id);
+            match self.next_lane(group_id, now) {
+                Turn::Take(lane_id, slow_share) => {
+                    out.push(self.hand_out(lane_id, now, visible_until, slow_share));
+                    self.activate(lane_id, now);
+                    self.return_to_rotation(group_id);
                 }
-                continue;
+                Turn::HeldBack => {
+                    // Parked with its lanes still in its rotation; a message leaving
+                    // its share puts it back (see `leave_share`).
+                    let group = self.groups.get_mut(&group_id).expect("just read");
+                    if !group.held_back {
+                        group.held_back = true;
+                        self.held_back.push(group_id);
+                    }
+                }
+                Turn::Idle => {}
             }
-            let mut taken = None;
-            while let Some(lane_id) = self
+        }
+        out
+    }
+
+    /// The group's next lane that is runnable and may have another message in flight
+    /// now (and whether that counts against the slow share), taken from its rotation.
+    fn next_lane(&mut self, group_id: GroupId, now: Millis) -> Turn {
+        let mut passed_over = 0;
+        let in_turn = self.groups[&group_id].rotation.len();
+        for _ in 0..in_turn {
+            let Some(lane_id) = self
                 .groups
                 .get_mut(&group_id)
                 .and_then(|g| g.rotation.pop_front())
-            {
-                let Some(lane) = self.lanes.get_mut(&lane_id) else {
-                    continue;
-                };
-                lane.in_rotation = false;
-                if runnable(lane, now) {
-                    taken = Some(lane_id);
-                    break;
-                }
+            else {
+                break;
+            };
+            let Some(lane) = self.lanes.get_mut(&lane_id) else {
+                continue;
+            };
+            lane.in_rotation = false;
+            if !runnable(lane, now) {
                 self.activate(lane_id, now);
+                continue;
             }
-            if let Some(lane_id) = taken {
-                let slow = self.groups[&group_id].slow_until > now;
-                out.push(self.hand_out(lane_id, visible_until, slow));
-                self.activate(lane_id, now);
+            let (group, lane) = (&self.groups[&group_id], &self.lanes[&lane_id]);
+            let slow_share = Self::held_to_slow_share(group, lane, now);
+            if self.may_take(group, slow_share) {
+                return Turn::Take(lane_id, slow_share);
             }
-            self.return_to_rotation(group_id);
+            // Not now: behind the group's other lanes, one of which may (a lane proven
+            // quick, when this one is held to the slow share).
+            let quick_may = slow_share && self.may_take(group, false);
+            self.lanes.get_mut(&lane_id).expect("just read").in_rotation = true;
+            self.groups
+                .get_mut(&group_id)
+                .expect("just read")
+                .rotation
+                .push_back(lane_id);
+            passed_over += 1;
+            if !quick_may || passed_over == LANES_PASSED_OVER_PER_TURN {
+                break;
+            }
         }
-        out
+        if passed_over > 0 {
+            Turn::HeldBack
+        } else {
+            Turn::Idle
+        }
     }
 
     /// Hide the message until `visible_at` (it is no longer in flight: waiting out a
@@ -308,7 +326,7 @@ impl Scheduler {
         visible_at: Millis,
         now: Millis,
     ) -> bool {
-        let Some(lane_id) = self.settle(id, receipt) else {
+        let Some(lane_id) = self.settle(id, receipt, now) else {
             return false;
         };
         let message = self.messages.get_mut(&id).expect("settled");
@@ -324,322 +342,31 @@ impl Scheduler {
 
     /// Remove the message. `false` for a stale receipt or a gone message.
     pub fn remove(&mut self, id: MessageId, receipt: u64, now: Millis) -> bool {
-        let Some(lane_id) = self.settle(id, receipt) else {
+        let Some(lane_id) = self.settle(id, receipt, now) else {
             return false;
         };
         self.messages.remove(&id);
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.len -= 1;
         let (empty, group_id) = (lane.len == 0, lane.group);
-        let group = self.groups.get_mut(&group_id).expect("a lane's group");
-        group.len -= 1;
+        self.groups.get_mut(&group_id).expect("a lane's group").len -= 1;
         if empty {
-            let lane = self.lanes.remove(&lane_id).expect("present");
-            self.lane_index.remove(&lane.key);
-            if group.len == 0 {
-                let name = std::mem::take(&mut group.name);
-                self.groups.remove(&group_id);
-                self.group_index.remove(&name);
-            }
+            self.retire_if_idle(lane_id, now);
         } else {
             self.activate(lane_id, now);
         }
         true
     }
-
-    /// Take the message out of flight (or out of the ready set) if `receipt` is its
-    /// latest; returns its lane.
-    fn settle(&mut self, id: MessageId, receipt: u64) -> Option<LaneId> {
-        let message = self.messages.get_mut(&id)?;
-        if message.receipt != receipt || receipt == 0 {
-            return None;
-        }
-        let lane_id = message.lane;
-        if message.in_flight {
-            self.leave_flight(id);
-        } else {
-            let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
-            lane.ready.remove(&(message.visible_at, id));
-        }
-        Some(lane_id)
-    }
-
-    /// The message `id` (in flight under `receipt`) has run long: its group counts as
-    /// slow for `slow_memory` (no kept slots for it), its lane too (its next attempts
-    /// start demoted, see [`Self::demote_if_lane_slow`]), and if `may_demote` and the
-    /// group has fewer than `demoted_per_group` demoted, the message is demoted: it
-    /// no longer counts against its group's share or the shared slots (its attempt
-    /// has moved out of the worker's slots), only against its lane's cap. Whether it
-    /// was demoted (`false` too for a stale receipt or a settled message).
-    pub fn note_slow(
-        &mut self,
-        id: MessageId,
-        receipt: u64,
-        now: Millis,
-        may_demote: bool,
-    ) -> bool {
-        let Some(message) = self.messages.get_mut(&id) else {
-            return false;
-        };
-        if !message.in_flight || message.demoted || message.receipt != receipt {
-            return false;
-        }
-        let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
-        lane.slow_until = now + self.slots.slow_memory;
-        let group_id = lane.group;
-        let group = self.groups.get_mut(&group_id).expect("a lane's group");
-        group.slow_until = now + self.slots.slow_memory;
-        if may_demote && self.demote(id) {
-            return true;
-        }
-        // It stays, and counts against the slow groups' share from now on.
-        let message = self.messages.get_mut(&id).expect("just read");
-        if !std::mem::replace(&mut message.slow_share, true) {
-            self.slow_in_flight += 1;
-        }
-        false
-    }
-
-    /// The message `id`, just handed out under `receipt`: if its lane ran long lately
-    /// (see [`Self::note_slow`]) and `may_demote()` (asked only then: it takes a slow
-    /// slot), it is demoted at once, as its attempt will likely run long too. Why not wait for it to: an
-    /// endpoint that answers in a few seconds turns over many attempts a second, and
-    /// each spent its first moments in a worker slot counted against its tenant's
-    /// share, which filled the share and slowed the tenant's quick endpoints to the
-    /// slow one's pace. Whether it was demoted.
-    pub fn demote_if_lane_slow(
-        &mut self,
-        id: MessageId,
-        receipt: u64,
-        now: Millis,
-        may_demote: impl FnOnce() -> bool,
-    ) -> bool {
-        let Some(message) = self.messages.get(&id) else {
-            return false;
-        };
-        if !message.in_flight || message.demoted || message.receipt != receipt {
-            return false;
-        }
-        self.lanes[&message.lane].slow_until > now && may_demote() && self.demote(id)
-    }
-
-    /// Demote the message `id` (in flight, not demoted) if its group may have another
-    /// demoted: out of its group's share and the shared slots, still against its
-    /// lane's cap. Whether it was.
-    fn demote(&mut self, id: MessageId) -> bool {
-        let message = self.messages.get_mut(&id).expect("a message in flight");
-        let group_id = self.lanes[&message.lane].group;
-        let group = self.groups.get_mut(&group_id).expect("a lane's group");
-        if group.demoted >= self.slots.demoted_per_group {
-            return false;
-        }
-        group.demoted += 1;
-        message.demoted = true;
-        if std::mem::take(&mut message.slow_share) {
-            self.slow_in_flight -= 1;
-        }
-        self.leave_share(group_id);
-        true
-    }
-
-    /// The message `id` is no longer in flight. Its group, and the groups held back
-    /// for want of a slot, go back in rotation if they have runnable lanes.
-    fn leave_flight(&mut self, id: MessageId) {
-        let message = self.messages.get_mut(&id).expect("a message in flight");
-        message.in_flight = false;
-        let demoted = std::mem::take(&mut message.demoted);
-        self.slow_in_flight -= u32::from(std::mem::take(&mut message.slow_share));
-        let lane_id = message.lane;
-        let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
-        lane.in_flight -= 1;
-        let group_id = lane.group;
-        if demoted {
-            // Its share was given back when it was demoted; its lane may run again.
-            self.groups
-                .get_mut(&group_id)
-                .expect("a lane's group")
-                .demoted -= 1;
-            self.return_to_rotation(group_id);
-        } else {
-            self.leave_share(group_id);
-        }
-    }
-
-    /// One of the group's messages no longer counts against its share or the shared
-    /// slots.
-    fn leave_share(&mut self, group_id: GroupId) {
-        self.groups
-            .get_mut(&group_id)
-            .expect("a lane's group")
-            .in_flight -= 1;
-        self.in_flight -= 1;
-        self.return_to_rotation(group_id);
-        // Every place freed is offered to every group held back (one may have become
-        // light since: its slowness forgotten); those still not allowed are held
-        // back again at the next receive.
-        for held in std::mem::take(&mut self.held_back) {
-            if let Some(group) = self.groups.get_mut(&held) {
-                group.held_back = false;
-            }
-            self.return_to_rotation(held);
-        }
-    }
-
-    /// Put the group in the rotation of groups, unless it is there already or has no
-    /// runnable lane.
-    fn return_to_rotation(&mut self, group_id: GroupId) {
-        let Some(group) = self.groups.get_mut(&group_id) else {
-            return;
-        };
-        if !group.in_rotation && !group.rotation.is_empty() {
-            group.in_rotation = true;
-            self.rotation.push_back(group_id);
-        }
-    }
-
-    fn hand_out(&mut self, lane_id: LaneId, visible_until: Millis, slow: bool) -> Handout {
-        let lane = self.lanes.get_mut(&lane_id).expect("runnable lane");
-        let (_, id) = lane.ready.pop_first().expect("runnable lane has a head");
-        lane.in_flight += 1;
-        let group_id = lane.group;
-        self.groups
-            .get_mut(&group_id)
-            .expect("a lane's group")
-            .in_flight += 1;
-        self.in_flight += 1;
-        self.next_receipt = self.next_receipt.wrapping_add(2);
-        let receipt = self.next_receipt;
-        let message = self.messages.get_mut(&id).expect("a lane's message");
-        message.in_flight = true;
-        message.slow_share = slow;
-        self.slow_in_flight += u32::from(slow);
-        message.visible_at = visible_until;
-        message.receipt = receipt;
-        message.receive_count += 1;
-        self.timers
-            .push(Reverse((visible_until, Timer::Expiry(id, receipt))));
-        Handout {
-            id,
-            receipt,
-            receive_count: message.receive_count,
-        }
-    }
-
-    /// Put the lane where it belongs: in its group's rotation when runnable, on a
-    /// timer when its head is delayed, parked when saturated or empty.
-    fn activate(&mut self, lane_id: LaneId, now: Millis) {
-        let Some(lane) = self.lanes.get_mut(&lane_id) else {
-            return;
-        };
-        if lane.in_rotation || lane.in_flight >= lane.limit {
-            return;
-        }
-        let Some(&(head, _)) = lane.ready.first() else {
-            return;
-        };
-        if head > now {
-            if lane.timer_at.is_none_or(|t| head < t) {
-                lane.timer_at = Some(head);
-                self.timers.push(Reverse((head, Timer::Lane(lane_id))));
-            }
-            return;
-        }
-        lane.in_rotation = true;
-        let group_id = lane.group;
-        let group = self.groups.get_mut(&group_id).expect("a lane's group");
-        group.rotation.push_back(lane_id);
-        self.return_to_rotation(group_id);
-    }
-
-    fn fire_timers(&mut self, now: Millis) {
-        while let Some(&Reverse((at, timer))) = self.timers.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            match timer {
-                Timer::Lane(lane_id) => {
-                    let Some(lane) = self.lanes.get_mut(&lane_id) else {
-                        continue;
-                    };
-                    if lane.timer_at == Some(at) {
-                        lane.timer_at = None;
-                    }
-                    self.activate(lane_id, now);
-                }
-                Timer::Expiry(id, receipt) => {
-                    let Some(message) = self.messages.get_mut(&id) else {
-                        continue;
-                    };
-                    if !message.in_flight || message.receipt != receipt {
-                        continue;
-                    }
-                    // Not settled in time: visible again, as SQS does.
-                    let (lane_id, visible_at) = (message.lane, message.visible_at);
-                    self.leave_flight(id);
-                    let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
-                    lane.ready.insert((visible_at, id));
-                    self.activate(lane_id, now);
-                }
-            }
-        }
-    }
-
-    fn lane_for(&mut self, group: &str, key: Option<&str>) -> LaneId {
-        let lane_key = (group.to_owned(), key.map(str::to_owned));
-        if let Some(id) = self.lane_index.get(&lane_key) {
-            return *id;
-        }
-        let group_id = match self.group_index.get(group) {
-            Some(id) => *id,
-            None => {
-                let id = self.fresh_id();
-                self.group_index.insert(group.to_owned(), id);
-                self.groups.insert(
-                    id,
-                    Group {
-                        name: group.to_owned(),
-                        rotation: VecDeque::new(),
-                        in_rotation: false,
-                        len: 0,
-                        in_flight: 0,
-                        held_back: false,
-                        demoted: 0,
-                        slow_until: Millis::MIN,
-                    },
-                );
-                id
-            }
-        };
-        let id = self.fresh_id();
-        self.lane_index.insert(lane_key.clone(), id);
-        self.lanes.insert(
-            id,
-            Lane {
-                group: group_id,
-                key: lane_key,
-                limit: u32::MAX,
-                ready: BTreeSet::new(),
-                in_flight: 0,
-                len: 0,
-                in_rotation: false,
-                timer_at: None,
-                slow_until: Millis::MIN,
-            },
-        );
-        id
-    }
-
-    /// Ids are never reused, so a stale rotation or timer entry can never point at a
-    /// newer lane or group.
-    fn fresh_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
 }
 
-fn runnable(lane: &Lane, now: Millis) -> bool {
-    lane.in_flight < lane.limit && lane.ready.first().is_some_and(|(t, _)| *t <= now)
+/// What a group's turn in a receive comes to.
+enum Turn {
+    /// A message of this lane, counted against the slow share or not.
+    Take(LaneId, bool),
+    /// It has runnable lanes, none of which may have another in flight now.
+    HeldBack,
+    /// It has no runnable lane.
+    Idle,
 }
 
 #[cfg(test)]

@@ -2,13 +2,14 @@ use super::*;
 
 const VIS: Millis = 60_000;
 
-/// `shared` places, then `floor` for light groups; slowness remembered 1 s, and at
-/// most 3 demoted per group.
+/// `shared` places, then `floor` for light groups; slowness (and quickness: settled
+/// within 100 ms) remembered 1 s, and at most 3 demoted per group.
 fn kept(shared: u32, floor: u32) -> KeptSlots {
     KeptSlots {
         shared,
         floor,
         slow_memory: 1_000,
+        quick_within: 100,
         demoted_per_group: 3,
         slow_share: u32::MAX,
     }
@@ -298,23 +299,105 @@ fn a_lane_slow_lately_starts_its_next_messages_demoted_and_its_neighbour_keeps_t
     // The place it left in the share goes to the quick lane, at once.
     let freed = s.receive(4, 10, VIS);
     assert_eq!(ids(&freed), vec![101]);
-    assert!(s.remove(next[0].id, next[0].receipt, 11));
-    let slow = s.receive(4, 11, VIS);
+    assert!(
+        s.remove(next[0].id, next[0].receipt, 200),
+        "late: not proven quick"
+    );
+    let slow = s.receive(4, 200, VIS);
     assert_eq!(ids(&slow), vec![2]);
-    assert!(s.demote_if_lane_slow(slow[0].id, slow[0].receipt, 11, || true));
-    assert_eq!(ids(&s.receive(4, 11, VIS)), vec![102]);
-    assert!(s.remove(freed[0].id, freed[0].receipt, 12));
+    assert!(s.demote_if_lane_slow(slow[0].id, slow[0].receipt, 200, || true));
+    assert_eq!(ids(&s.receive(4, 200, VIS)), vec![102]);
+    assert!(s.remove(freed[0].id, freed[0].receipt, 300));
     // Past the group's 3 demoted, a slow lane's message stays in the share.
-    let over = s.receive(4, 12, VIS);
+    let over = s.receive(4, 300, VIS);
     assert_eq!(ids(&over), vec![3]);
     assert!(
-        !s.demote_if_lane_slow(over[0].id, over[0].receipt + 2, 12, || true),
+        !s.demote_if_lane_slow(over[0].id, over[0].receipt + 2, 300, || true),
         "a stale receipt"
     );
-    assert!(!s.demote_if_lane_slow(over[0].id, over[0].receipt, 12, || true));
+    assert!(!s.demote_if_lane_slow(over[0].id, over[0].receipt, 300, || true));
     // Once the slowness is forgotten, the lane's messages start in the shared places.
     assert!(s.remove(over[0].id, over[0].receipt, 2_000));
     let later = s.receive(4, 2_000, VIS);
     assert_eq!(ids(&later), vec![103, 4, 104]);
     assert!(!s.demote_if_lane_slow(later[1].id, later[1].receipt, 2_000, || true));
+}
+
+#[test]
+fn a_lane_proven_quick_is_not_held_to_its_slow_groups_share_even_between_messages() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(KeptSlots {
+        slow_share: 2,
+        ..kept(8, 1)
+    });
+    for id in 0..10 {
+        s.insert(id, "t", Some("slow"), 8, 0, 0);
+    }
+    for id in 100..107 {
+        s.insert(id, "t", Some("quick"), 8, 0, 0);
+    }
+    let first = s.receive(1, 0, VIS);
+    // Slow, with no slow slot to move to: it stays, in the slow groups' share.
+    assert!(!s.note_slow(first[0].id, first[0].receipt, 10, false));
+    // The quick lane has proven nothing yet: held to the share like the slow one.
+    let unproven = s.receive(8, 10, VIS);
+    assert_eq!(ids(&unproven), vec![100]);
+    assert!(s.receive(8, 10, VIS).is_empty(), "the slow share is full");
+    // Settled within 100 ms: proven quick, it takes shared places beside the share.
+    assert!(s.remove(unproven[0].id, unproven[0].receipt, 20));
+    let next = s.receive(8, 20, VIS);
+    assert_eq!(ids(&next), vec![1, 101, 102, 103, 104, 105, 106]);
+    assert!(
+        s.receive(8, 20, VIS).is_empty(),
+        "the shared places are taken"
+    );
+    // Its lane empties; what it proved is kept with it, so a message arriving later
+    // is not held to the share (which 0 and 1 still fill).
+    for h in &next[1..] {
+        assert!(s.remove(h.id, h.receipt, 30));
+    }
+    assert_eq!(s.lanes.len(), 2, "the empty quick lane is kept");
+    s.insert(200, "t", Some("quick"), 8, 40, 40);
+    assert_eq!(ids(&s.receive(8, 40, VIS)), vec![200]);
+    assert!(s.remove(200, s.messages[&200].receipt, 45));
+    // Once what it proved has run out, the empty lane is forgotten.
+    assert!(s.receive(0, 1_000, VIS).is_empty());
+    assert_eq!(s.lanes.len(), 2, "still proven");
+    assert!(s.receive(0, 2_000, VIS).is_empty());
+    assert_eq!(s.lanes.len(), 1);
+    assert_eq!(s.group_lens(), vec![("t".to_owned(), 10)]);
+}
+
+#[test]
+fn a_group_with_many_lanes_held_to_the_share_still_finds_its_quick_one() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(KeptSlots {
+        slow_share: 1,
+        ..kept(8, 1)
+    });
+    s.insert(1_000, "t", Some("quick"), 8, 0, 0);
+    let quick = s.receive(1, 0, VIS);
+    assert!(s.remove(quick[0].id, quick[0].receipt, 1), "proven quick");
+    // 40 endpoints, one message each, the first of them slow: the group is slow and
+    // the slow share (1) is taken.
+    for id in 0..40 {
+        s.insert(id, "t", Some(&format!("e{id}")), 8, 2, 2);
+    }
+    let slow = s.receive(1, 2, VIS);
+    assert!(!s.note_slow(slow[0].id, slow[0].receipt, 3, false));
+    s.insert(1_001, "t", Some("quick"), 8, 3, 3);
+    // The quick lane is behind 39 lanes held to the share: each turn passes over at
+    // most 16, and every turn after brings it nearer.
+    let mut found = Vec::new();
+    for now in 4..10 {
+        found.extend(ids(&s.receive(8, now, VIS)));
+        if !found.is_empty() {
+            break;
+        }
+        // A place freed elsewhere offers the held-back group another turn.
+        s.insert(5_000 + now, "other", Some("x"), 8, now, now);
+        let other = s.receive(8, now, VIS);
+        assert!(s.remove(other[0].id, other[0].receipt, now));
+    }
+    assert_eq!(found, vec![1_001]);
 }

@@ -1,0 +1,179 @@
+//! The scheduler's rules for the worker's slots: who may have another message in
+//! flight, and which attempts move out of the worker's slots (see the parent module's
+//! docs for why).
+//!
+//! Slowness is remembered per group (tenant) and per lane (endpoint). A group slow
+//! lately gets no kept slot, and its lanes share the slow groups' share, but for a
+//! lane *proven quick*: one whose attempts lately ended in time and none ran long. So
+//! a tenant's quick endpoint keeps its pace beside its own slow ones, however many,
+//! and beside other tenants' hanging ones; a lane never seen, or slow, is held to the
+//! share until it proves itself (one attempt), so a tenant spraying hanging endpoints
+//! cannot escape the share by changing endpoints.
+
+use super::{Group, GroupId, Lane, MessageId, Millis, Scheduler};
+
+/// See [`Scheduler::keep_last_slots`].
+#[derive(Debug, Clone, Copy)]
+pub struct KeptSlots {
+    /// In flight in all past which only light groups get another message: groups
+    /// with fewer than `floor` in flight that have not been slow for `slow_memory`.
+    pub shared: u32,
+    pub floor: u32,
+    pub slow_memory: Millis,
+    /// An attempt settled sooner than this after it was handed out proves its lane
+    /// quick (for `slow_memory`).
+    pub quick_within: Millis,
+    /// Most demoted messages one group may have.
+    pub demoted_per_group: u32,
+    /// Most messages of groups slow lately in flight at once (but demoted ones, and
+    /// those of lanes proven quick): they share this many of the shared slots, so
+    /// attempts that neither end nor move out (the slow slots all taken) cannot crowd
+    /// out quick ones.
+    pub slow_share: u32,
+}
+
+impl KeptSlots {
+    /// No slot kept, nothing slow: every lane limited by its cap only.
+    pub(super) const NONE: Self = Self {
+        shared: u32::MAX,
+        floor: 0,
+        slow_memory: 0,
+        quick_within: 0,
+        demoted_per_group: u32::MAX,
+        slow_share: u32::MAX,
+    };
+}
+
+impl Scheduler {
+    /// Once `slots.shared` messages are in flight in all, hand more only to light
+    /// groups (see [`KeptSlots`]), whatever their lanes' caps add up to.
+    pub fn keep_last_slots(&mut self, slots: KeptSlots) {
+        self.slots = slots;
+    }
+
+    /// Whether a message of `lane` counts against the slow groups' share: its group
+    /// was slow lately, and the lane has not proven quick since (or was slow too).
+    pub(super) fn held_to_slow_share(group: &Group, lane: &Lane, now: Millis) -> bool {
+        group.slow_until > now && !(lane.quick_until > now && lane.slow_until <= now)
+    }
+
+    /// Whether one more message of `group` may be in flight now, counted against the
+    /// slow groups' share or not (`slow_share`).
+    pub(super) fn may_take(&self, group: &Group, slow_share: bool) -> bool {
+        if slow_share {
+            // Its part of the slow groups' share, never a kept slot.
+            self.in_flight < self.slots.shared && self.slow_in_flight < self.slots.slow_share
+        } else {
+            self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
+        }
+    }
+
+    /// The message `id` (in flight under `receipt`) has run long: its group counts as
+    /// slow for `slow_memory` (no kept slots for it), its lane too (its next attempts
+    /// start demoted, see [`Self::demote_if_lane_slow`]), and if `may_demote` and the
+    /// group has fewer than `demoted_per_group` demoted, the message is demoted: it
+    /// no longer counts against its group's share or the shared slots (its attempt
+    /// has moved out of the worker's slots), only against its lane's cap. Whether it
+    /// was demoted (`false` too for a stale receipt or a settled message).
+    pub fn note_slow(
+        &mut self,
+        id: MessageId,
+        receipt: u64,
+        now: Millis,
+        may_demote: bool,
+    ) -> bool {
+        let Some(message) = self.messages.get_mut(&id) else {
+            return false;
+        };
+        if !message.in_flight || message.demoted || message.receipt != receipt {
+            return false;
+        }
+        let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
+        lane.slow_until = now + self.slots.slow_memory;
+        let group_id = lane.group;
+        let group = self.groups.get_mut(&group_id).expect("a lane's group");
+        group.slow_until = now + self.slots.slow_memory;
+        if may_demote && self.demote(id) {
+            return true;
+        }
+        // It stays, and counts against the slow groups' share from now on.
+        let message = self.messages.get_mut(&id).expect("just read");
+        if !std::mem::replace(&mut message.slow_share, true) {
+            self.slow_in_flight += 1;
+        }
+        false
+    }
+
+    /// The message `id`, just handed out under `receipt`: if its lane ran long lately
+    /// (see [`Self::note_slow`]) and `may_demote()` (asked only then: it takes a slow
+    /// slot), it is demoted at once, as its attempt will likely run long too. Why not
+    /// wait for it to: an endpoint that answers in a few seconds turns over many
+    /// attempts a second, and each spent its first moments in a worker slot counted
+    /// against its tenant's share, which filled the share and slowed the tenant's
+    /// quick endpoints to the slow one's pace. Whether it was demoted.
+    pub fn demote_if_lane_slow(
+        &mut self,
+        id: MessageId,
+        receipt: u64,
+        now: Millis,
+        may_demote: impl FnOnce() -> bool,
+    ) -> bool {
+        let Some(message) = self.messages.get(&id) else {
+            return false;
+        };
+        if !message.in_flight || message.demoted || message.receipt != receipt {
+            return false;
+        }
+        self.lanes[&message.lane].slow_until > now && may_demote() && self.demote(id)
+    }
+
+    /// Demote the message `id` (in flight, not demoted) if its group may have another
+    /// demoted: out of its group's share and the shared slots, still against its
+    /// lane's cap. Whether it was.
+    fn demote(&mut self, id: MessageId) -> bool {
+        let message = self.messages.get_mut(&id).expect("a message in flight");
+        let group_id = self.lanes[&message.lane].group;
+        let group = self.groups.get_mut(&group_id).expect("a lane's group");
+        if group.demoted >= self.slots.demoted_per_group {
+            return false;
+        }
+        group.demoted += 1;
+        message.demoted = true;
+        if std::mem::take(&mut message.slow_share) {
+            self.slow_in_flight -= 1;
+        }
+        self.leave_share(group_id);
+        true
+    }
+
+    /// The message `id` is leaving flight `settled` at `now` (not by its visibility
+    /// running out): ended within `quick_within` of its hand-out, it proves its lane
+    /// quick.
+    pub(super) fn note_quick(&mut self, id: MessageId, now: Millis) {
+        let message = &self.messages[&id];
+        if now - message.handed_at < self.slots.quick_within {
+            let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
+            lane.quick_until = now + self.slots.slow_memory;
+        }
+    }
+
+    /// One of the group's messages no longer counts against its share or the shared
+    /// slots.
+    pub(super) fn leave_share(&mut self, group_id: GroupId) {
+        self.groups
+            .get_mut(&group_id)
+            .expect("a lane's group")
+            .in_flight -= 1;
+        self.in_flight -= 1;
+        self.return_to_rotation(group_id);
+        // Every place freed is offered to every group held back (one may have become
+        // light since: its slowness forgotten); those still not allowed are held
+        // back again at the next receive.
+        for held in std::mem::take(&mut self.held_back) {
+            if let Some(group) = self.groups.get_mut(&held) {
+                group.held_back = false;
+            }
+            self.return_to_rotation(held);
+        }
+    }
+}
