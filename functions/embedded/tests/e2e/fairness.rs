@@ -142,7 +142,7 @@ async fn an_endpoint_hanging_with_the_largest_cap_leaves_its_neighbour_its_turn(
     eventually(
         Duration::from_secs(20),
         "the hanging endpoint took more than the worker's slots",
-        || async { (hanging.count() > WORKER_SLOTS * 2).then_some(()) },
+        || async { (hanging.count() > WORKER_SLOTS).then_some(()) },
     )
     .await;
     let worst = probe(tenant, &fast).await;
