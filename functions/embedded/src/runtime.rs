@@ -67,6 +67,14 @@ pub const SLOW_AFTER: Duration = Duration::from_secs(1);
 /// a socket and its request, so they are bounded too; when all are taken, or its
 /// tenant holds [`SLOW_SLOTS_PER_TENANT`], a slow attempt keeps its worker slot.
 pub const SLOW_SLOTS: usize = 512;
+/// Slow slots an attempt may start in (its endpoint slow lately) only while more
+/// than this many are free: the last are kept for attempts already running long in
+/// worker slots. Why: started ones cannot step back, and those the slow slots had no
+/// room for held their worker slots for their whole timeout (up to 100 of 128 when
+/// hanging tenants' new attempts took the slow slots first), where a new attempt left
+/// waiting costs nothing. All the worker's slots fit.
+pub const SLOW_SLOTS_KEPT_FOR_MOVES: usize = WORKER_SLOTS;
+const _: () = assert!(SLOW_SLOTS_KEPT_FOR_MOVES < SLOW_SLOTS);
 /// Slow slots one tenant may hold: one endpoint at the largest cap fits (so its
 /// neighbours keep their turn), and two tenants must hang to fill them all (the
 /// others are protected by the kept slots either way).
@@ -255,6 +263,9 @@ impl Runtime {
                 let demoted = self
                     .delivery_queue
                     .demote_if_lane_slow(&message.receipt, || {
+                        if slow_slots.available_permits() <= SLOW_SLOTS_KEPT_FOR_MOVES {
+                            return false;
+                        }
                         slow = slow_slots.clone().try_acquire_owned().ok();
                         slow.is_some()
                     });

@@ -35,13 +35,16 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 mod slots;
 mod state;
 pub use slots::KeptSlots;
+use slots::Places;
 use state::runnable;
 
 /// Lanes of a group passed over in one turn at most, looking for one that may run
 /// (proven quick, in a group held to the slow share): bounds what a receive costs for
-/// a tenant with many slow endpoints; the lanes further on are looked at in its next
-/// turns (passed-over lanes go to the back of its rotation).
-const LANES_PASSED_OVER_PER_TURN: usize = 16;
+/// a group with many lanes held back; the lanes further on are looked at in its next
+/// turns (passed-over lanes go to the back of its rotation). A tenant's endpoints all
+/// fit: with fewer, its quick endpoint behind many slow ones waited a turn per 16,
+/// and a turn comes only as a place frees.
+const LANES_PASSED_OVER_PER_TURN: usize = entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT;
 
 /// A message's row id.
 pub type MessageId = i64;
@@ -292,13 +295,13 @@ impl Scheduler {
                 continue;
             }
             let (group, lane) = (&self.groups[&group_id], &self.lanes[&lane_id]);
-            let slow_share = Self::held_to_slow_share(group, lane, now);
-            if self.may_take(group, slow_share) {
-                return Turn::Take(lane_id, slow_share);
+            let places = Self::places_for(group, lane, now);
+            if self.may_take(group, places) {
+                return Turn::Take(lane_id, places == Places::SlowShare);
             }
             // Not now: behind the group's other lanes, one of which may (a lane proven
-            // quick, when this one is held to the slow share).
-            let quick_may = slow_share && self.may_take(group, false);
+            // quick, or on its probe, when this one is held to the slow share).
+            let quick_may = places == Places::SlowShare && self.may_take(group, Places::Shared);
             self.lanes.get_mut(&lane_id).expect("just read").in_rotation = true;
             self.groups
                 .get_mut(&group_id)

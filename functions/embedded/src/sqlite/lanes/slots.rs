@@ -4,11 +4,13 @@
 //!
 //! Slowness is remembered per group (tenant) and per lane (endpoint). A group slow
 //! lately gets no kept slot, and its lanes share the slow groups' share, but for a
-//! lane *proven quick*: one whose attempts lately ended in time and none ran long. So
-//! a tenant's quick endpoint keeps its pace beside its own slow ones, however many,
-//! and beside other tenants' hanging ones; a lane never seen, or slow, is held to the
-//! share until it proves itself (one attempt), so a tenant spraying hanging endpoints
-//! cannot escape the share by changing endpoints.
+//! lane *proven quick* (its attempts lately ended in time and none ran long) and a
+//! lane that has proven nothing lately, for one attempt at a time (its *probe*). So a
+//! tenant's quick endpoint keeps its pace beside its own slow ones, however many, and
+//! beside other tenants' hanging ones, even when the share is taken for a long while
+//! (a probe waited for the share before: 18 s behind attempts hanging 25 s). A tenant
+//! spraying hanging endpoints gets one probe each, each noted slow after a second
+//! (and at most 100 endpoints a tenant).
 
 use super::{Group, GroupId, Lane, MessageId, Millis, Scheduler};
 
@@ -32,6 +34,19 @@ pub struct KeptSlots {
     pub slow_share: u32,
 }
 
+/// The places a message may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Places {
+    /// A group not slow lately: the shared places, or a kept one while it is light.
+    Any,
+    /// A lane of a group slow lately, proven quick or on its probe: the shared places
+    /// (never a kept one: those are for groups not slow lately).
+    Shared,
+    /// Any other lane of a group slow lately: the slow groups' share of the shared
+    /// places.
+    SlowShare,
+}
+
 impl KeptSlots {
     /// No slot kept, nothing slow: every lane limited by its cap only.
     pub(super) const NONE: Self = Self {
@@ -51,20 +66,28 @@ impl Scheduler {
         self.slots = slots;
     }
 
-    /// Whether a message of `lane` counts against the slow groups' share: its group
-    /// was slow lately, and the lane has not proven quick since (or was slow too).
-    pub(super) fn held_to_slow_share(group: &Group, lane: &Lane, now: Millis) -> bool {
-        group.slow_until > now && !(lane.quick_until > now && lane.slow_until <= now)
+    /// Which places a message of `lane` may take now.
+    pub(super) fn places_for(group: &Group, lane: &Lane, now: Millis) -> Places {
+        if group.slow_until <= now {
+            return Places::Any;
+        }
+        let slow = lane.slow_until > now;
+        let quick = lane.quick_until > now && !slow;
+        let probe = !slow && !quick && lane.in_flight == 0;
+        if quick || probe {
+            Places::Shared
+        } else {
+            Places::SlowShare
+        }
     }
 
-    /// Whether one more message of `group` may be in flight now, counted against the
-    /// slow groups' share or not (`slow_share`).
-    pub(super) fn may_take(&self, group: &Group, slow_share: bool) -> bool {
-        if slow_share {
-            // Its part of the slow groups' share, never a kept slot.
-            self.in_flight < self.slots.shared && self.slow_in_flight < self.slots.slow_share
-        } else {
-            self.in_flight < self.slots.shared || group.in_flight < self.slots.floor
+    /// Whether one more message of `group` may be in flight now, in `places`.
+    pub(super) fn may_take(&self, group: &Group, places: Places) -> bool {
+        let shared = self.in_flight < self.slots.shared;
+        match places {
+            Places::Any => shared || group.in_flight < self.slots.floor,
+            Places::Shared => shared,
+            Places::SlowShare => shared && self.slow_in_flight < self.slots.slow_share,
         }
     }
 
