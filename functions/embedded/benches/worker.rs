@@ -106,6 +106,7 @@ async fn main() {
         conditions: Arc::new(Conditions::default()),
         fan_outs_under_way: Default::default(),
         retention: None,
+        slots: Default::default(),
     };
     println!("queued; draining");
     let started = Instant::now();

@@ -98,6 +98,7 @@ async fn the_poller_leaves_an_event_under_way_alone() {
         conditions: Arc::new(Conditions::default()),
         fan_outs_under_way: under_way.clone(),
         retention: None,
+        slots: Default::default(),
     };
     let event = event();
     services.store.publish(&event).await.unwrap();

@@ -57,6 +57,8 @@ pub struct PrometheusMetrics {
     failures: Family<TenantLabels, Counter>,
     backlog: Family<TenantLabels, Gauge<u64, AtomicU64>>,
     oldest_unacknowledged: Gauge<u64, AtomicU64>,
+    worker_slots: Gauge<u64, AtomicU64>,
+    slow_slots: Gauge<u64, AtomicU64>,
     swept: Counter,
     outbox_drained: Counter,
     outbox_quarantined: Family<ReasonLabels, Counter>,
@@ -73,6 +75,8 @@ impl Default for PrometheusMetrics {
         let failures = Family::<TenantLabels, Counter>::default();
         let backlog = Family::<TenantLabels, Gauge<u64, AtomicU64>>::default();
         let oldest_unacknowledged = Gauge::<u64, AtomicU64>::default();
+        let worker_slots = Gauge::<u64, AtomicU64>::default();
+        let slow_slots = Gauge::<u64, AtomicU64>::default();
         let swept = Counter::default();
         let outbox_drained = Counter::default();
         let outbox_quarantined = Family::<ReasonLabels, Counter>::default();
@@ -109,6 +113,22 @@ impl Default for PrometheusMetrics {
             oldest_unacknowledged.clone(),
         );
         registry.register(
+            "worker_slots_in_use",
+            format!(
+                "Attempts in the embedded worker's slots (of {})",
+                crate::runtime::WORKER_SLOTS
+            ),
+            worker_slots.clone(),
+        );
+        registry.register(
+            "slow_slots_in_use",
+            format!(
+                "Attempts in the embedded worker's slow slots (of {}): endpoints slow lately",
+                crate::runtime::SLOW_SLOTS
+            ),
+            slow_slots.clone(),
+        );
+        registry.register(
             "deliveries_swept",
             "Deliveries queued again by the sweeper (their message was lost)",
             swept.clone(),
@@ -121,6 +141,8 @@ impl Default for PrometheusMetrics {
             failures,
             backlog,
             oldest_unacknowledged,
+            worker_slots,
+            slow_slots,
             swept,
             outbox_drained,
             outbox_quarantined,
@@ -182,6 +204,12 @@ impl Metrics for PrometheusMetrics {
 
 impl PrometheusMetrics {
     /// The exposition text, with the backlog gauges set from `backlog` first.
+    /// The embedded worker's slots in use now (see [`crate::runtime::WorkerSlots`]).
+    pub fn slots_in_use(&self, worker: usize, slow: usize) {
+        self.worker_slots.set(worker as u64);
+        self.slow_slots.set(slow as u64);
+    }
+
     pub fn render(&self, backlog: &[(String, u64)]) -> String {
         self.backlog.clear();
         for (tenant, waiting) in backlog {

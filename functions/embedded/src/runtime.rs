@@ -123,6 +123,33 @@ const PURGE_STEP_PAUSE: Duration = Duration::from_millis(100);
 /// fanned out by their own publish request.
 pub const INLINE_GRACE: Duration = Duration::from_secs(2);
 
+/// The worker's slots (see [`WORKER_SLOTS`] and [`SLOW_SLOTS`]), shared with
+/// `/metrics` so an operator sees how many are taken.
+#[derive(Clone)]
+pub struct WorkerSlots {
+    worker: Arc<Semaphore>,
+    slow: Arc<Semaphore>,
+}
+
+impl Default for WorkerSlots {
+    fn default() -> Self {
+        Self {
+            worker: Arc::new(Semaphore::new(WORKER_SLOTS)),
+            slow: Arc::new(Semaphore::new(SLOW_SLOTS)),
+        }
+    }
+}
+
+impl WorkerSlots {
+    /// Worker slots and slow slots taken now.
+    pub fn in_use(&self) -> (usize, usize) {
+        (
+            WORKER_SLOTS - self.worker.available_permits(),
+            SLOW_SLOTS - self.slow.available_permits(),
+        )
+    }
+}
+
 /// The pollers, started together and stopped together.
 pub struct Runtime {
     pub services: Services,
@@ -135,6 +162,7 @@ pub struct Runtime {
     /// How long settled records are kept (see [`crate::sqlite::retention`]); `None`:
     /// forever.
     pub retention: Option<chrono::Duration>,
+    pub slots: WorkerSlots,
 }
 
 impl Runtime {
@@ -194,8 +222,7 @@ impl Runtime {
     }
 
     async fn delivery_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let slots = Arc::new(Semaphore::new(WORKER_SLOTS));
-        let slow_slots = Arc::new(Semaphore::new(SLOW_SLOTS));
+        let (slots, slow_slots) = (self.slots.worker.clone(), self.slots.slow.clone());
         let attempts = SlowAttempts::default();
         tokio::spawn(attempts.clone().watch(
             SLOW_AFTER,

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::fan_out::{FanOutBesideRequest, FanOutsUnderWay, InlineFanOut};
 use crate::metrics::PrometheusMetrics;
 use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, WorkerSlots};
 use crate::sqlite::backlog::EmbeddedBacklog;
 use crate::sqlite::queue::{SqliteQueue, DELIVERY_QUEUE, FAILURE_QUEUE};
 use crate::sqlite::{Durability, SqliteDb, SqliteStore};
@@ -116,10 +116,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 conditions: conditions.clone(),
                 fan_outs_under_way: under_way,
                 retention: config.retention,
+                slots: WorkerSlots::default(),
             };
             let probe = Probes {
                 metrics,
                 conditions,
+                slots: Some(runtime.slots.clone()),
                 backlog: Some(backlog),
                 after_publish: Some(Arc::new(FanOutBesideRequest::new(inline.clone()))),
                 fan_out: Some(inline),
@@ -160,6 +162,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             let probe = Probes {
                 metrics,
                 conditions,
+                slots: None,
                 backlog: None,
                 // The outbox table's stream fans out, as on AWS.
                 after_publish: None,
@@ -198,6 +201,8 @@ async fn bind(config: &ServeConfig) -> Result<tokio::net::TcpListener, BoxError>
 struct Probes {
     metrics: Arc<PrometheusMetrics>,
     conditions: Arc<Conditions>,
+    /// The embedded worker's slots, for `/metrics`.
+    slots: Option<WorkerSlots>,
     backlog: Option<EmbeddedBacklog>,
     after_publish: Option<Arc<dyn entrega_http::api::AfterPublish>>,
     fan_out: Option<Arc<dyn entrega_http::api::AfterPublish>>,
@@ -318,6 +323,7 @@ where
     let metrics = MetricsRoute {
         metrics: probes.metrics.clone(),
         backlog: probes.backlog.clone(),
+        slots: probes.slots.clone(),
         token: config.metrics_token.clone(),
     };
     let metrics_route = axum::Router::new()
@@ -359,6 +365,7 @@ where
 struct MetricsRoute {
     metrics: Arc<PrometheusMetrics>,
     backlog: Option<EmbeddedBacklog>,
+    slots: Option<WorkerSlots>,
     token: Option<String>,
 }
 
@@ -400,6 +407,10 @@ async fn metrics_handler(
         .as_ref()
         .map(EmbeddedBacklog::snapshot)
         .unwrap_or_default();
+    if let Some(slots) = &route.slots {
+        let (worker, slow) = slots.in_use();
+        route.metrics.slots_in_use(worker, slow);
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

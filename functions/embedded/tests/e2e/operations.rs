@@ -211,3 +211,43 @@ async fn a_410_disables_the_endpoint_and_keeps_its_deliveries_for_re_enabling() 
         .await;
     }
 }
+
+/// `/metrics` shows the worker's slots in use: attempts under way at an endpoint are
+/// counted in the worker's slots (or the slow ones, past a second), and given back
+/// when they end, so an operator sees a worker that is full.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_show_the_worker_slots_in_use() {
+    let dir = TempDir::new("slots-metrics");
+    let server = Server::start(&dir);
+    let (_, tenant) = server.admin().tenant("Acme").await;
+    let slow = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(3))).await;
+    tenant.endpoint(json!({"url": slow.url("/")})).await;
+    for i in 0..3 {
+        tenant.publish("slots.test", json!({"i": i})).await;
+    }
+    eventually(
+        Duration::from_secs(10),
+        "three attempts under way",
+        || async { (slow.count() == 3).then_some(()) },
+    )
+    .await;
+    let in_use = |metrics: &str| -> u64 {
+        ["entrega_worker_slots_in_use ", "entrega_slow_slots_in_use "]
+            .iter()
+            .map(|name| {
+                let line = metrics
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .unwrap_or_else(|| panic!("no {name}in {metrics}"));
+                line[name.len()..].trim().parse::<u64>().unwrap()
+            })
+            .sum()
+    };
+    let (_, metrics) = server.metrics(ADMIN_KEY).await;
+    assert_eq!(in_use(&metrics), 3, "{metrics}");
+    eventually(Duration::from_secs(15), "the slots given back", || async {
+        let (_, metrics) = server.metrics(ADMIN_KEY).await;
+        (in_use(&metrics) == 0).then_some(())
+    })
+    .await;
+}
