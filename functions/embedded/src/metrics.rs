@@ -203,13 +203,13 @@ impl Metrics for PrometheusMetrics {
 }
 
 impl PrometheusMetrics {
-    /// The exposition text, with the backlog gauges set from `backlog` first.
     /// The embedded worker's slots in use now (see [`crate::runtime::WorkerSlots`]).
     pub fn slots_in_use(&self, worker: usize, slow: usize) {
         self.worker_slots.set(worker as u64);
         self.slow_slots.set(slow as u64);
     }
 
+    /// The exposition text, with the backlog gauges set from `backlog` first.
     pub fn render(&self, backlog: &[(String, u64)]) -> String {
         self.backlog.clear();
         for (tenant, waiting) in backlog {

@@ -162,6 +162,7 @@ pub struct Runtime {
     /// How long settled records are kept (see [`crate::sqlite::retention`]); `None`:
     /// forever.
     pub retention: Option<chrono::Duration>,
+    /// The worker's slots, shared with `/metrics`.
     pub slots: WorkerSlots,
 }
 
