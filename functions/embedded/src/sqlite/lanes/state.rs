@@ -59,7 +59,7 @@ impl Scheduler {
 
     /// The message `id` is no longer in flight. Its group, and the groups held back
     /// for want of a slot, go back in rotation if they have runnable lanes.
-    pub(super) fn leave_flight(&mut self, id: MessageId) {
+    fn leave_flight(&mut self, id: MessageId) {
         let message = self.messages.get_mut(&id).expect("a message in flight");
         message.in_flight = false;
         let demoted = std::mem::take(&mut message.demoted);
@@ -244,7 +244,7 @@ impl Scheduler {
 
     /// Ids are never reused, so a stale rotation or timer entry can never point at a
     /// newer lane or group.
-    pub(super) fn fresh_id(&mut self) -> u64 {
+    fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
