@@ -25,6 +25,11 @@ pub const MAX_CONCURRENCY_CAP: u32 = 256;
 pub const MAX_ENDPOINTS_PER_TENANT: usize = 100;
 /// How long a rotated-out secret keeps signing beside the new one.
 pub const ROTATION_OVERLAP: ChronoDuration = ChronoDuration::hours(24);
+/// Most rotated-out secrets signing at once, each for its own 24 h. Each is one more
+/// signature on every request; a receiver needs no more than a few to move on. A
+/// rotation past this still goes through (it may be urgent: a leaked secret), and the
+/// oldest stops signing early.
+pub const MAX_ROTATED_OUT_SECRETS: usize = 4;
 /// Most event-type patterns one endpoint may list.
 pub const MAX_EVENT_TYPE_PATTERNS: usize = 100;
 /// Longest event type or pattern.
@@ -63,7 +68,12 @@ pub struct Endpoint {
     pub disabled: bool,
     pub description: Option<String>,
     pub secret: Secret,
+    /// The secret rotated out last, while it signs.
     pub previous_secret: Option<PreviousSecret>,
+    /// Secrets rotated out before it whose overlap has not ended, newest first: a
+    /// second rotation within 24 h cut the first secret off at once (a hostile test).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub older_secrets: Vec<PreviousSecret>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// Why Entrega disabled it (410 Gone, failing too long); `None` if a human did.
@@ -95,6 +105,7 @@ impl Endpoint {
             description: None,
             secret: Secret::generate(),
             previous_secret: None,
+            older_secrets: Vec::new(),
             created_at: now,
             updated_at: now,
             disabled_reason: None,
@@ -103,25 +114,37 @@ impl Endpoint {
         }
     }
 
-    /// The secrets that sign an attempt made at `now`: the current one first, and the
-    /// previous one while its overlap lasts.
+    /// The secrets that sign an attempt made at `now`: the current one first, then
+    /// each rotated-out one while its overlap lasts, newest first.
     pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<&Secret> {
-        let mut secrets = vec![&self.secret];
-        if let Some(prev) = &self.previous_secret {
-            if prev.expires_at > now {
-                secrets.push(&prev.secret);
-            }
-        }
-        secrets
+        let rotated_out = self.previous_secret.iter().chain(&self.older_secrets);
+        std::iter::once(&self.secret)
+            .chain(
+                rotated_out
+                    .filter(|p| p.expires_at > now)
+                    .map(|p| &p.secret),
+            )
+            .collect()
     }
 
-    /// Replace the secret; the old one signs alongside for [`ROTATION_OVERLAP`].
+    /// Replace the secret; the old one signs alongside for [`ROTATION_OVERLAP`], as do
+    /// those rotated out before it for what is left of theirs, the newest
+    /// [`MAX_ROTATED_OUT_SECRETS`] of them.
     pub fn rotate_secret(&mut self, now: DateTime<Utc>) {
         let old = std::mem::replace(&mut self.secret, Secret::generate());
+        let before: Vec<PreviousSecret> = self
+            .previous_secret
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut self.older_secrets))
+            .filter(|p| p.expires_at > now)
+            .take(MAX_ROTATED_OUT_SECRETS - 1)
+            .collect();
         self.previous_secret = Some(PreviousSecret {
             secret: old,
             expires_at: now + ROTATION_OVERLAP,
         });
+        self.older_secrets = before;
         self.updated_at = now;
     }
 
@@ -248,5 +271,51 @@ mod tests {
             validate_event_type_patterns(&vec!["a".to_string(); 101]),
             Err(EventTypeError::TooMany)
         );
+    }
+
+    /// Every secret rotated out in the last 24 h keeps signing, for its own 24 h: a
+    /// second rotation within the day cut the first secret off at once (a hostile
+    /// test). Past [`MAX_ROTATED_OUT_SECRETS`], the oldest stops early.
+    #[test]
+    fn every_secret_rotated_out_within_its_overlap_keeps_signing() {
+        let t0 = chrono::Utc::now();
+        let mut e = Endpoint::new(TenantId::generate(), "https://hooks.example.com/", t0);
+        let mut secrets = vec![e.secret.clone()];
+        for hour in 1..=MAX_ROTATED_OUT_SECRETS as i64 {
+            e.rotate_secret(t0 + ChronoDuration::hours(hour));
+            secrets.insert(0, e.secret.clone());
+        }
+        let now = t0 + ChronoDuration::hours(MAX_ROTATED_OUT_SECRETS as i64);
+        let signing: Vec<Secret> = e.signing_secrets(now).into_iter().cloned().collect();
+        assert_eq!(signing, secrets, "the current one first, then newest first");
+
+        // Each stops when its own overlap ends: the first one rotated out, first.
+        let first_ends = t0 + ChronoDuration::hours(1) + ROTATION_OVERLAP;
+        let signing: Vec<Secret> = e.signing_secrets(first_ends).into_iter().cloned().collect();
+        assert_eq!(signing, secrets[..MAX_ROTATED_OUT_SECRETS]);
+
+        // One rotation more: the oldest stops early, the rest keep signing.
+        e.rotate_secret(now);
+        secrets.insert(0, e.secret.clone());
+        let signing: Vec<Secret> = e.signing_secrets(now).into_iter().cloned().collect();
+        assert_eq!(signing, secrets[..=MAX_ROTATED_OUT_SECRETS]);
+        let later = now + ROTATION_OVERLAP;
+        assert_eq!(e.signing_secrets(later), vec![&e.secret]);
+    }
+
+    /// A record written before rotated-out secrets were kept as a list reads as one
+    /// with none older than its previous secret.
+    #[test]
+    fn an_endpoint_stored_without_older_secrets_reads() {
+        let e = Endpoint::new(
+            TenantId::generate(),
+            "https://hooks.example.com/",
+            chrono::Utc::now(),
+        );
+        let mut stored = serde_json::to_value(&e).unwrap();
+        assert!(stored.get("older_secrets").is_none(), "none is not written");
+        stored.as_object_mut().unwrap().remove("older_secrets");
+        let read: Endpoint = serde_json::from_value(stored).unwrap();
+        assert_eq!(read, e);
     }
 }

@@ -164,9 +164,13 @@ async fn set_disabled(
         if current.disabled {
             return Ok(Some(false));
         }
-        if current.url != endpoint.url {
-            // The verdict is about a URL the endpoint no longer has: someone pointed it
-            // elsewhere while the attempt ran, and the new URL has not failed.
+        if current.version != endpoint.version {
+            // The verdict is about a configuration the endpoint no longer has: while
+            // the attempt ran, someone pointed it elsewhere (the new URL has not
+            // failed), or disabled and enabled it again, and that enable, answered
+            // 200, is not undone by an answer to a request sent before it. Its next
+            // attempt, made under the configuration as it is now, gives a verdict of
+            // its own.
             return Ok(None);
         }
         current.disabled = true;

@@ -199,3 +199,36 @@ async fn gone_while_a_resend_waits_disables_the_endpoint_and_holds_the_resend() 
         "not sent to the Gone URL"
     );
 }
+
+/// A 410 answered after the endpoint was disabled and enabled again during the
+/// attempt disables nothing: the enable was answered 200 after the request went, and
+/// the endpoint's next attempt, under the configuration it has now, gives a verdict
+/// of its own (the enable was undone by the old request's 410, a hostile test).
+#[tokio::test]
+async fn gone_from_before_a_disable_and_enable_during_the_attempt_leaves_it_enabled() {
+    let (c, d) = gone_after_a_change(During::DisableAndEnable).await;
+    assert!(!c.stored_endpoint().await.disabled, "the enable stands");
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
+    assert_eq!(c.world.transport.requests().len(), 2);
+}
+
+/// At most once, a resend while the attempt is still out is refused: queued, it went
+/// once that attempt ended, whatever its answer, and the receiver had the event twice
+/// (a hostile test). Once the attempt has ended, a person may resend it.
+#[tokio::test]
+async fn a_resend_while_an_at_most_once_attempt_is_out_is_refused() {
+    let mut c = case(|e| e.mode = crate::endpoint::DeliveryMode::AtMostOnce).await;
+    let d = c.publish().await;
+    c.change_during_the_first_attempt(During::ResendRefused(d.id.clone()));
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let delivered = c.delivery(&d.id).await;
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    assert!(c.receive().await.is_none(), "nothing else is queued");
+    assert_eq!(c.world.transport.requests().len(), 1);
+
+    let resent = super::resend::resend_delivery(&c.world.services, &delivered, "admin")
+        .await
+        .expect("a resend after the attempt ended is a person's choice");
+    assert_eq!(resent.state, DeliveryState::Pending);
+}

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use chrono::Duration as ChronoDuration;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
 
 use crate::delivery::Delivery;
+use crate::endpoint::DeliveryMode;
 use crate::ports::{Services, StoreError};
 use crate::state_machine;
 
@@ -23,6 +24,16 @@ pub const FUTURE_GENERATION_GRACE: ChronoDuration = ChronoDuration::seconds(60);
 pub enum ResendError {
     #[error("the endpoint of this delivery was deleted")]
     EndpointGone,
+    /// The endpoint takes each event at most once and an attempt is still under way
+    /// (or its worker died and its lease has not run out): were the resend queued, it
+    /// would go out once that attempt ended, whatever its answer, and the event could
+    /// reach the receiver twice. Refused until `until`, when the attempt has reported
+    /// back or is presumed dead.
+    #[error(
+        "an attempt of this delivery is under way and its endpoint takes each event at most \
+         once; resend after it ends (its lease runs out at {until})"
+    )]
+    AttemptUnderWay { until: DateTime<Utc> },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -43,6 +54,11 @@ pub async fn resend_delivery(
     let mut current = delivery.clone();
     for _ in 0..RESEND_TRIES {
         let now = services.clock.now();
+        if endpoint.mode == DeliveryMode::AtMostOnce {
+            if let Some(until) = current.lease_until.filter(|until| *until > now) {
+                return Err(ResendError::AttemptUnderWay { until });
+            }
+        }
         let next = state_machine::resend(&current, requested_by, now);
         let message =
             DeliveryTask::for_resend(&next, now).message(endpoint.max_concurrency, Duration::ZERO);

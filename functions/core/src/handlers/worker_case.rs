@@ -142,6 +142,10 @@ pub(super) enum During {
     Delete,
     /// Resends this delivery.
     Resend(crate::ids::DeliveryId),
+    /// Tries to resend this delivery of an at-most-once endpoint, which is refused.
+    ResendRefused(crate::ids::DeliveryId),
+    /// Disables the endpoint, then enables it again.
+    DisableAndEnable,
 }
 
 /// Does what [`During`] says while the first request is out, then answers as the
@@ -175,6 +179,25 @@ impl crate::ports::Transport for ChangedDuringTheAttempt {
                     super::resend::resend_delivery(&self.services, &delivery, "admin")
                         .await
                         .unwrap();
+                }
+                During::ResendRefused(id) => {
+                    let delivery = store.get_delivery(id).await.unwrap().unwrap();
+                    let refused =
+                        super::resend::resend_delivery(&self.services, &delivery, "admin").await;
+                    assert!(
+                        matches!(
+                            refused,
+                            Err(super::resend::ResendError::AttemptUnderWay { .. })
+                        ),
+                        "{refused:?}"
+                    );
+                }
+                During::DisableAndEnable => {
+                    for disabled in [true, false] {
+                        let mut e = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
+                        e.disabled = disabled;
+                        store.update_endpoint(&e).await.unwrap();
+                    }
                 }
             }
         }

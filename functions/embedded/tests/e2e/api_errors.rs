@@ -205,3 +205,86 @@ async fn a_tenant_has_at_most_a_hundred_endpoints() {
     acme.endpoint(json!({"url": "https://one-more.example.com/"}))
         .await;
 }
+
+/// A query parameter a list does not take, or one given twice, is a 400 naming it:
+/// ignored, a misspelt filter answered 200 with every row, unfiltered, and of a
+/// repeated one only the last counted (a hostile test).
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_and_repeated_query_parameters_are_refused() {
+    let dir = TempDir::new("query-params");
+    let server = Server::start(&dir);
+    let admin = server.admin();
+    let (tenant, acme) = admin.tenant("Acme").await;
+    for (api, path, named) in [
+        (&acme, "/v1/deliveries?statuss=failed".to_owned(), "statuss"),
+        (&acme, "/v1/deliveries?bogus=1&limit=5".to_owned(), "bogus"),
+        (
+            &acme,
+            "/v1/deliveries?status=delivered&status=failed".to_owned(),
+            "status",
+        ),
+        (&acme, "/v1/failures?status=bogus".to_owned(), "status"),
+        (&acme, "/v1/failures?since=notadate".to_owned(), "since"),
+        (&acme, "/v1/endpoints?since=notadate".to_owned(), "since"),
+        (&acme, "/v1/events/evt_1?x=1".to_owned(), "x"),
+        (&admin, "/v1/tenants?name=Acme".to_owned(), "name"),
+        (
+            &admin,
+            format!("/v1/endpoints?tenant_id={tenant}&tenant_id={tenant}"),
+            "tenant_id",
+        ),
+    ] {
+        let (status, problem) = api.get(&path).await;
+        assert_eq!(status, 400, "{path}: {problem}");
+        assert_eq!(problem["field"], named, "{path}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(named),
+            "{path}: {problem}"
+        );
+    }
+    // What the lists take is still taken.
+    for path in [
+        "/v1/deliveries?status=failed&limit=5&event_type=x".to_owned(),
+        "/v1/failures?acknowledged=false&limit=5".to_owned(),
+        "/v1/endpoints?limit=5".to_owned(),
+    ] {
+        let (status, answer) = acme.get(&path).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (status, answer) = admin
+        .get(&format!("/v1/deliveries?tenant_id={tenant}&limit=5"))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// A body field given twice is refused, naming it: the last one counted, so
+/// `{"type":"a","data":{},"type":"b"}` published an event of type `b` (a hostile test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_field_given_twice_is_refused() {
+    let dir = TempDir::new("twice");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    for (path, body) in [
+        ("/v1/events", r#"{"type":"a","data":{},"type":"b"}"#),
+        (
+            "/v1/endpoints",
+            r#"{"url":"https://a.example.com/","url":"https://b.example.com/"}"#,
+        ),
+    ] {
+        let response = acme
+            .client
+            .post(format!("{}{path}", acme.base))
+            .bearer_auth(&acme.key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{path}");
+        let problem: serde_json::Value = response.json().await.unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("duplicate field"), "{path}: {problem}");
+    }
+    let (status, page) = acme.get("/v1/endpoints").await;
+    assert_eq!((status, page["data"].as_array().unwrap().len()), (200, 0));
+}

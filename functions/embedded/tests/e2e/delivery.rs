@@ -230,3 +230,58 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_everything() {
     };
     assert_eq!(acme.deliveries_of(&id).await[0]["status"], "delivered");
 }
+
+/// `data` reaches the receiver as the producer wrote it: a number past what an `f64`
+/// holds is not rounded (`12345678901234567890123` arrived as `1.2345678901234568e22`,
+/// and two events differing only there were one to the idempotency check), keys keep
+/// their order. A lone surrogate escape is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
+    let dir = TempDir::new("raw-data");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let data = r#"{"z":1,"order_id":12345678901234567890123,"price":1E2,"a":[-0,0.10]}"#;
+    let publish = |id: &'static str, data: String| {
+        let acme = acme.clone();
+        async move {
+            let response = acme
+                .client
+                .post(format!("{}/v1/events", acme.base))
+                .bearer_auth(&acme.key)
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"id":"{id}","type":"order.created","data":{data}}}"#
+                ))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, answer) = publish("big-1", data.to_owned()).await;
+    assert_eq!(status, 202, "{answer}");
+    eventually(Duration::from_secs(30), "delivered", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let body = receiver.got()[0].body.clone();
+    assert!(body.ends_with(&format!(r#""data":{data}}}"#)), "{body}");
+
+    let (status, answer) = publish("big-1", data.to_owned()).await;
+    assert_eq!(status, 202, "the same event again: {answer}");
+    let other = data.replace("890123", "890124");
+    let (status, answer) = publish("big-1", other).await;
+    assert_eq!(status, 409, "another number is another event: {answer}");
+
+    let (status, problem) = publish("lone", r#"{"s":"\ud800"}"#.to_owned()).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("escape"),
+        "{problem}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(receiver.count(), 1, "nothing sent twice");
+}

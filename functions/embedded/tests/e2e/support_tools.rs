@@ -516,3 +516,47 @@ async fn a_made_up_tenant_and_a_control_character_in_a_note_are_refused() {
         .await;
     assert_eq!(status, 200, "{acked}");
 }
+
+/// At most once, a resend while the attempt is out is refused, singly (409 naming
+/// when to try again) and in a batch (listed, the rest queued): queued, it went once
+/// the attempt ended, whatever its answer, and the receiver had the event twice (a
+/// hostile test). After the attempt, the receiver has had it once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resend_while_an_at_most_once_attempt_is_out_is_refused() {
+    let dir = TempDir::new("resend-at-most-once");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(2))).await;
+    acme.endpoint(json!({"url": receiver.url("/"), "mode": "at_most_once"}))
+        .await;
+    let event = acme.publish("order.shipped", json!({"n": 1})).await;
+    eventually(Duration::from_secs(30), "the attempt is out", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let delivery = acme.deliveries_of(&event).await.remove(0);
+    let id = delivery["id"].as_str().unwrap();
+
+    let (status, problem) = acme
+        .post(&format!("/v1/deliveries/{id}/resend"), json!({}))
+        .await;
+    assert_eq!(status, 409, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("at most once"),
+        "{problem}"
+    );
+    let (status, answer) = acme
+        .post("/v1/deliveries/resend", json!({ "ids": [id] }))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["queued"], 0, "{answer}");
+    assert_eq!(answer["attempt_under_way"], json!([id]), "{answer}");
+
+    eventually(Duration::from_secs(30), "delivered", || async {
+        let d = acme.deliveries_of(&event).await.remove(0);
+        (d["status"] == "delivered").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.count(), 1, "the event reached the receiver once");
+}

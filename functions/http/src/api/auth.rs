@@ -49,11 +49,13 @@ pub fn bearer_key(headers: &axum::http::HeaderMap) -> ApiResult<Option<&str>> {
             "give one `Authorization` header, with one API key",
         ));
     }
+    // The scheme is case-insensitive (RFC 9110, 11.1): `bearer <key>` is the same.
     Ok(headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
         .filter(|k| !k.is_empty()))
 }
 
@@ -124,6 +126,31 @@ impl Caller {
                 "tenant_id",
                 "an admin key must say which tenant the resource belongs to",
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    fn key_of(authorization: &str) -> Option<String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, HeaderValue::from_str(authorization).unwrap());
+        bearer_key(&headers).unwrap().map(str::to_owned)
+    }
+
+    /// The scheme's case does not matter (a hostile test's `bearer <key>` got 401);
+    /// another scheme, or none, is no key.
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in ["Bearer k1", "bearer k1", "BEARER k1", "Bearer  k1 "] {
+            assert_eq!(key_of(header).as_deref(), Some("k1"), "{header}");
+        }
+        for header in ["Basic k1", "Bearerk1", "k1", "Bearer ", "Bearer"] {
+            assert_eq!(key_of(header), None, "{header}");
         }
     }
 }

@@ -52,6 +52,16 @@ pub(super) async fn list_deliveries(
     caller: Caller,
     query: QueryMap,
 ) -> ApiResult<Json<Page<DeliveryView>>> {
+    query.only(&[
+        "tenant_id",
+        "endpoint_id",
+        "event_type",
+        "status",
+        "since",
+        "until",
+        "limit",
+        "cursor",
+    ])?;
     let status = query
         .0
         .get("status")

@@ -258,6 +258,7 @@ pub(super) async fn list_endpoints(
     caller: Caller,
     query: QueryMap,
 ) -> ApiResult<Json<Page<EndpointView>>> {
+    query.only(&["tenant_id", "limit", "cursor"])?;
     let scope = caller.list_scope(query.parse("tenant_id", "a tenant id")?);
     let limit = page_limit(&query)?;
     let page = state

@@ -80,7 +80,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if !value.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    // From the text, not from `value`: a field kept as its text (an event's `data`)
+    // would be `value` written out again, its big numbers rounded; and a field given
+    // twice is refused, where `value` kept the last.
+    let mut text = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut text).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if let Some(field) = missing_field(&inner.to_string()) {
@@ -113,7 +117,10 @@ fn missing_field(message: &str) -> Option<String> {
     Some(rest.split('`').next()?.to_owned())
 }
 
-/// Query parameters as a map; each route reads and validates the ones it knows.
+/// Query parameters as a map; each route reads and validates the ones it knows, after
+/// [`QueryMap::only`] has refused the rest. A parameter given twice is refused here:
+/// which one would count? (Taking the last, `status=delivered&status=failed` listed
+/// only failed deliveries, answered 200.)
 pub struct QueryMap(pub std::collections::HashMap<String, String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
@@ -121,14 +128,43 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or("");
-        let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
-            .into_owned()
-            .collect();
-        Ok(QueryMap(pairs.into_iter().collect()))
+        let mut map = std::collections::HashMap::new();
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()).into_owned() {
+            if map.contains_key(&name) {
+                return Err(ApiError::bad_parameter(&name, "give it once"));
+            }
+            map.insert(name, value);
+        }
+        Ok(QueryMap(map))
     }
 }
 
 impl QueryMap {
+    /// Refuse a parameter the route does not take, naming it and the ones it does: a
+    /// misspelt filter ignored would answer 200 with every row, unfiltered.
+    pub fn only(&self, known: &[&str]) -> Result<(), ApiError> {
+        let mut unknown: Vec<&String> = self
+            .0
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .collect();
+        unknown.sort();
+        match unknown.first() {
+            None => Ok(()),
+            Some(name) => Err(ApiError::bad_parameter(
+                name,
+                format!(
+                    "not a parameter of this route; it takes {}",
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
     /// Parse parameter `name` if present, naming it in the error otherwise.
     pub fn parse<T: std::str::FromStr>(
         &self,

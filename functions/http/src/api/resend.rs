@@ -47,6 +47,7 @@ async fn resend_one(state: &AppState, caller: &Caller, delivery: &Delivery) -> A
             ResendError::EndpointGone => {
                 ApiError::conflict("the endpoint of this delivery was deleted")
             }
+            e @ ResendError::AttemptUnderWay { .. } => ApiError::conflict(e.to_string()),
             ResendError::Store(e) => e.into(),
         })
 }
@@ -160,7 +161,8 @@ pub(super) async fn resend_batch(
 }
 
 /// Resend `delivery` as part of a batch, counting it in `answer`; a delivery whose
-/// endpoint was deleted is listed and skipped, not an error for the whole batch.
+/// endpoint was deleted, or whose at-most-once attempt is under way, is listed and
+/// skipped, not an error for the whole batch.
 async fn resend_in_batch(
     state: &AppState,
     caller: &Caller,
@@ -170,6 +172,9 @@ async fn resend_in_batch(
     match resend_delivery(&state.services, delivery, &caller.label()).await {
         Ok(_) => answer.queued += 1,
         Err(ResendError::EndpointGone) => answer.endpoint_deleted.push(delivery.id.to_string()),
+        Err(ResendError::AttemptUnderWay { .. }) => {
+            answer.attempt_under_way.push(delivery.id.to_string())
+        }
         Err(ResendError::Store(e)) => return Err(e.into()),
     }
     Ok(())

@@ -337,6 +337,11 @@ pub struct BatchResent {
     /// send them); the rest of the batch goes on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoint_deleted: Vec<String>,
+    /// Deliveries left as they are because an attempt is under way and their endpoint
+    /// takes each event at most once (a resend could deliver it twice); resend them
+    /// once it ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempt_under_way: Vec<String>,
     /// Where to continue a filtered batch; null when done.
     pub next_cursor: Option<String>,
 }

@@ -50,6 +50,7 @@ async function tryNow(id, button, render) {
     const before = await get(path);
     const answer = await call("POST", "/v1/deliveries/resend", { ids: [id] }, newIdempotencyKey());
     if (answer.endpoint_deleted?.length) throw new Error("its endpoint was deleted, so nothing can send it");
+    if (answer.attempt_under_way?.length) throw new Error("an attempt is under way and its endpoint takes each event at most once; try again when it ends");
     if (answer.queued !== 1) throw new Error("the delivery was not found");
     notify("Queued; waiting for the attempt…");
     let attempted = false;

@@ -123,18 +123,24 @@ async function batchResend(filters, button, progressArea, caller) {
     for (const name of ["tenant_id", "endpoint_id", "status", "event_type"]) if (scope[name]) body[name] = scope[name];
     let queued = 0;
     let skipped = 0;
+    let underWay = 0;
     let cursor;
     let page = 0;
     do {
       const answer = await call("POST", "/v1/deliveries/resend", cursor ? { ...body, cursor } : body, `${key}-${page}`);
       queued += answer.queued;
       skipped += answer.endpoint_deleted?.length || 0;
+      underWay += answer.attempt_under_way?.length || 0;
       cursor = answer.next_cursor;
       page += 1;
       bar.value = Math.min(queued, count);
       label.textContent = `Resending: ${queued} of ${what} queued…`;
     } while (cursor);
-    const left = skipped ? ` ${skipped} left as they are: their endpoint was deleted.` : "";
+    const deleted = skipped ? ` ${skipped} left as they are: their endpoint was deleted.` : "";
+    const running = underWay
+      ? ` ${underWay} left as they are: an attempt is under way and their endpoint takes each event at most once.`
+      : "";
+    const left = deleted + running;
     label.textContent = `Done: ${queued} deliveries queued again.${left}`;
     notify(`${queued} deliveries queued again.${left}`);
   } catch (e) {
