@@ -234,7 +234,7 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_everything() {
 /// `data` reaches the receiver as the producer wrote it: a number past what an `f64`
 /// holds is not rounded (`12345678901234567890123` arrived as `1.2345678901234568e22`,
 /// and two events differing only there were one to the idempotency check), keys keep
-/// their order. A lone surrogate escape is still refused.
+/// their order; `GET /v1/events/{id}` shows it so too. A lone surrogate escape is still refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     let dir = TempDir::new("raw-data");
@@ -269,6 +269,18 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     .await;
     let body = receiver.got()[0].body.clone();
     assert!(body.ends_with(&format!(r#""data":{data}}}"#)), "{body}");
+
+    let shown = acme
+        .client
+        .get(format!("{}/v1/events/big-1", acme.base))
+        .bearer_auth(&acme.key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(shown.contains(&format!(r#""data":{data}"#)), "{shown}");
 
     let (status, answer) = publish("big-1", data.to_owned()).await;
     assert_eq!(status, 202, "the same event again: {answer}");

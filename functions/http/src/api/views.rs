@@ -13,7 +13,7 @@ use entrega_core::outcome::FailureKind;
 use entrega_core::retry::RetrySpec;
 use entrega_core::tenant::Tenant;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::schemas::{DeliveryModeDoc, FailureKindDoc, FailureReasonDoc, RetrySpecDoc, TriggerDoc};
@@ -229,7 +229,8 @@ pub struct FailureView {
     /// The event's data (JSON): on `GET /v1/failures/{id}` only. A list leaves it
     /// out, so a page of 200 failures is never 200 payloads of up to 256 KiB.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    pub payload: Option<Box<RawValue>>,
     pub attempt_times: Vec<String>,
     pub last_status_code: Option<u16>,
     pub last_error: Option<String>,
@@ -262,7 +263,7 @@ impl From<&Failure> for FailureView {
             event_type: f.event_type.clone(),
             endpoint_id: f.endpoint_id.to_string(),
             reason: f.reason,
-            payload: Some(serde_json::from_str(&f.payload).unwrap_or(Value::Null)),
+            payload: Some(as_written(&f.payload)),
             attempt_times: f.attempt_times.iter().map(|t| ts(*t)).collect(),
             last_status_code: f.last_status_code,
             last_error: f.last_error.clone(),
@@ -274,6 +275,13 @@ impl From<&Failure> for FailureView {
     }
 }
 
+/// An event's data as its producer wrote it (read back through a value, a number past
+/// what an `f64` holds came out rounded); `null` if a stored one is not JSON.
+fn as_written(payload: &str) -> Box<RawValue> {
+    RawValue::from_string(payload.to_owned())
+        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
+}
+
 /// An event and the status of each of its deliveries.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventView {
@@ -283,7 +291,8 @@ pub struct EventView {
     pub tenant_id: String,
     #[serde(rename = "type")]
     pub event_type: String,
-    pub data: Value,
+    #[schema(value_type = Value)]
+    pub data: Box<RawValue>,
     #[schema(format = DateTime)]
     pub created_at: String,
     pub deliveries: Vec<DeliveryView>,
@@ -295,7 +304,7 @@ impl EventView {
             id: e.id.to_string(),
             tenant_id: e.tenant_id.to_string(),
             event_type: e.event_type.clone(),
-            data: serde_json::from_str(&e.payload).unwrap_or(Value::Null),
+            data: as_written(&e.payload),
             created_at: ts(e.created_at),
             deliveries: deliveries.iter().map(DeliveryView::from).collect(),
         }
