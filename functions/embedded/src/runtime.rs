@@ -54,6 +54,10 @@ pub const SLOW_MEMORY: Duration = Duration::from_secs(60);
 /// slots for their whole timeout, and without this bound they would leave a busy
 /// healthy tenant the kept slots only.
 pub const SLOW_TENANTS_SHARE: usize = 32;
+/// Most of [`SLOW_TENANTS_SHARE`] one tenant holds: a quarter, so four tenants must
+/// hang, each beyond its slow slots, before another slow tenant waits for the share
+/// (see `KeptSlots::slow_share_per_group`).
+pub const SLOW_TENANTS_SHARE_PER_TENANT: usize = SLOW_TENANTS_SHARE / 4;
 const _: () = assert!(SLOW_TENANTS_SHARE < SHARED_SLOTS);
 const _: () = assert!(KEPT_SLOTS < WORKER_SLOTS && KEPT_SLOTS_PER_TENANT <= KEPT_SLOTS);
 /// An attempt still running after this (noticed within
@@ -88,6 +92,7 @@ pub fn kept_slots() -> crate::sqlite::KeptSlots {
         quick_within: SLOW_AFTER.as_millis() as i64,
         demoted_per_group: SLOW_SLOTS_PER_TENANT as u32,
         slow_share: SLOW_TENANTS_SHARE as u32,
+        slow_share_per_group: SLOW_TENANTS_SHARE_PER_TENANT as u32,
     }
 }
 

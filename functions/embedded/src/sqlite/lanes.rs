@@ -105,6 +105,8 @@ struct Group {
     held_back: bool,
     /// Its demoted messages (see [`Scheduler::note_slow`]).
     demoted: u32,
+    /// Its messages counted against the slow share (`KeptSlots::slow_share_per_group`).
+    slow_in_flight: u32,
     /// Until when it counts as slow: one of its attempts ran long lately.
     slow_until: Millis,
     /// Its lanes, empty ones kept for what they proved included.

@@ -63,8 +63,8 @@ impl Scheduler {
         let message = self.messages.get_mut(&id).expect("a message in flight");
         message.in_flight = false;
         let demoted = std::mem::take(&mut message.demoted);
-        self.slow_in_flight -= u32::from(std::mem::take(&mut message.slow_share));
         let lane_id = message.lane;
+        self.set_slow_share(id, false);
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
         lane.in_flight -= 1;
         let group_id = lane.group;
@@ -112,18 +112,18 @@ impl Scheduler {
         let receipt = self.next_receipt;
         let message = self.messages.get_mut(&id).expect("a lane's message");
         message.in_flight = true;
-        message.slow_share = slow;
-        self.slow_in_flight += u32::from(slow);
         message.visible_at = visible_until;
         message.receipt = receipt;
         message.receive_count += 1;
         message.handed_at = now;
+        let receive_count = message.receive_count;
         self.timers
             .push(Reverse((visible_until, Timer::Expiry(id, receipt))));
+        self.set_slow_share(id, slow);
         Handout {
             id,
             receipt,
-            receive_count: message.receive_count,
+            receive_count,
         }
     }
 
@@ -213,6 +213,7 @@ impl Scheduler {
                         in_flight: 0,
                         held_back: false,
                         demoted: 0,
+                        slow_in_flight: 0,
                         slow_until: Millis::MIN,
                         lanes: 0,
                     },
