@@ -108,7 +108,8 @@ pub(crate) struct ServeArgs {
     pub(crate) max_backlog: u64,
     /// Largest the SQLite file may grow, in MiB; past it writes fail cleanly (the API
     /// answers 503 with `Retry-After`, `/healthz` says degraded) before the disk fills.
-    /// Unset: the disk is the limit. Example: 2048.
+    /// The log file beside it (`-wal`) is cut back to a quarter of this (at most
+    /// 16 MiB) after each burst. Unset: the disk is the limit. Example: 2048.
     #[arg(long, env = "ENTREGA_MAX_DB_SIZE_MB", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_db_size_mb: Option<u64>,
     /// A bearer token that may read `/metrics` besides the admin key.

@@ -58,6 +58,11 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// Log pages past which the writer checkpoints by itself (SQLite's default is 1 000):
 /// only if the checkpointer falls behind; bounds the log file at about 40 MiB.
 const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
+/// The log file's size after a checkpoint that emptied it: SQLite truncates it to
+/// this when it starts writing it from the beginning again. Without it, the file kept
+/// the largest size a burst ever gave it (25.7 MiB beside a 2 MiB database capped by
+/// `--max-db-size-mb`, a hostile test), for good. With a size limit, a quarter of it.
+const WAL_SIZE_LIMIT: i64 = 16 * 1024 * 1024;
 /// Prepared statements kept per connection (every statement the store uses fits).
 const STATEMENT_CACHE: usize = 128;
 
@@ -196,6 +201,7 @@ impl SqliteDb {
         sync: impl Fn(&std::fs::File) -> std::io::Result<()> + Send + 'static,
     ) -> Result<Self, rusqlite::Error> {
         let mut conn = Connection::open(path)?;
+        schema::refuse_foreign(&conn)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // The writer's commits never wait for the disk; with full durability the
         // sync thread syncs the log before a durable caller is answered.
@@ -204,6 +210,7 @@ impl SqliteDb {
         // The checkpointer thread copies the log back into the database; the
         // writer's own automatic checkpoint stays only as the bound if it falls behind.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
         schema::migrate(&mut conn)?;
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
@@ -260,13 +267,16 @@ impl SqliteDb {
 
     /// Bound the database file to `bytes` (SQLite's `max_page_count`): past it, writes
     /// fail with "database or disk is full" and the API answers 503, before the disk
-    /// itself fills.
+    /// itself fills. The log file beside it is truncated to a quarter of `bytes` (at
+    /// most [`WAL_SIZE_LIMIT`]) whenever a checkpoint has emptied it.
     pub async fn limit_size(&self, bytes: u64) -> StoreResult<()> {
         let pages = self
             .call(move |conn| {
                 let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
                 let pages = (bytes as i64 / page_size.max(512)).max(1);
                 conn.pragma_update(None, "max_page_count", pages)?;
+                let log = (bytes as i64 / 4).min(WAL_SIZE_LIMIT);
+                conn.pragma_update(None, "journal_size_limit", log)?;
                 Ok(pages)
             })
             .await?;

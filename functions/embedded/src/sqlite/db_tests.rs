@@ -278,3 +278,38 @@ async fn a_remembered_answer_is_recalled_only_once_synced() {
     );
     assert_eq!(remembering.await.unwrap().unwrap(), None);
 }
+
+/// The log file shrinks back once a checkpoint has emptied it: it kept the largest
+/// size a burst gave it (25.7 MiB beside a database capped at 2 MiB, a hostile test).
+#[tokio::test]
+async fn the_log_file_shrinks_back_after_a_burst() {
+    let dir = entrega_testkit::TempDir::new("db-log-size");
+    let db = SqliteDb::open(&dir.0.join("t.db")).unwrap();
+    db.limit_size(16 * 1024 * 1024).await.unwrap();
+    let limit = 4 * 1024 * 1024;
+    db.call(|conn| {
+        // One group commit, as a burst of writes is.
+        conn.execute_batch("CREATE TABLE big (k INTEGER PRIMARY KEY, v BLOB)")?;
+        for k in 0..1_000 {
+            conn.execute("INSERT INTO big VALUES (?1, zeroblob(8000))", [k])?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let log = dir.0.join("t.db-wal");
+    let burst = std::fs::metadata(&log).unwrap().len();
+    assert!(burst > limit, "the burst grew the log: {burst}");
+    let mut size = burst;
+    for _ in 0..50 {
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        db.call(|conn| Ok(conn.execute_batch("DELETE FROM big WHERE k = 0")?))
+            .await
+            .unwrap();
+        size = std::fs::metadata(&log).unwrap().len();
+        if size <= limit {
+            break;
+        }
+    }
+    assert!(size <= limit, "{size} after a burst of {burst}");
+}

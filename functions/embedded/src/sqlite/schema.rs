@@ -4,6 +4,31 @@
 /// The schema version this code writes (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 4;
 
+/// Refuse another program's database, before anything is changed in it (its journal
+/// mode included): it failed half-way through [`migrate`] with an SQL error naming a
+/// column (a hostile test). An unversioned Entrega database (schema 1) has an outbox;
+/// later ones carry their version; a new file has no table at all.
+pub fn refuse_foreign(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let (tables, outbox): (i64, bool) = conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(name = 'outbox'), 0) > 0
+         FROM sqlite_master WHERE type = 'table'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if tables == 0 || outbox || version > 0 {
+        return Ok(());
+    }
+    Err(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+        Some(
+            "this is not an Entrega database (it has tables Entrega did not make); give --db \
+             a new file, or one Entrega wrote"
+                .to_owned(),
+        ),
+    ))
+}
+
 /// Bring a database written by an earlier version up to [`SCHEMA_VERSION`], in one
 /// transaction, before [`SCHEMA`] runs. Version 1 (unversioned, `user_version` 0) had
 /// one global event-id namespace and endpoints without versions; version 2 found a

@@ -239,3 +239,37 @@ async fn a_schema_3_database_loses_its_index_by_state() {
         "the resume reads: {plan}"
     );
 }
+
+/// Another program's database is refused as such, and left as it was: it failed
+/// half-way through the migration with an SQL error naming a column (a hostile test).
+#[test]
+fn another_programs_database_is_refused_and_left_alone() {
+    let dir = entrega_testkit::TempDir::new("schema-other");
+    let path = dir.0.join("other.db");
+    let schema = "CREATE TABLE events (id INTEGER PRIMARY KEY, body TEXT);
+                  CREATE TABLE deliveries (id INTEGER PRIMARY KEY, at TEXT);
+                  INSERT INTO events VALUES (1, 'kept');";
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(schema)
+        .unwrap();
+    let refused = SqliteDb::open(&path).err().expect("refused").to_string();
+    assert!(refused.contains("not an Entrega database"), "{refused}");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(tables, ["deliveries", "events"]);
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete", "not switched to WAL");
+    let body: String = conn
+        .query_row("SELECT body FROM events WHERE id = 1", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(body, "kept");
+}

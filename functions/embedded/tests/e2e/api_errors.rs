@@ -242,6 +242,19 @@ async fn unknown_and_repeated_query_parameters_are_refused() {
             "{path}: {problem}"
         );
     }
+    // A type no event can have is a misspelt filter, not an empty page.
+    let (status, problem) = acme.get("/v1/deliveries?event_type=bad%20type!").await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("event_type"))
+    );
+    let window = serde_json::json!({"event_type": "bad type!", "since": "2026-01-01T00:00:00Z",
+        "until": "2026-01-02T00:00:00Z"});
+    let (status, problem) = acme.post("/v1/deliveries/resend", window).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("event_type"))
+    );
     // What the lists take is still taken.
     for path in [
         "/v1/deliveries?status=failed&limit=5&event_type=x".to_owned(),

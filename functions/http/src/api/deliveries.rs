@@ -6,6 +6,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Delivery, DeliveryStatus};
+use entrega_core::endpoint::validate_event_type;
 use entrega_core::ids::{DeliveryId, EndpointId, TenantId};
 use entrega_core::ports::DeliveryQuery;
 use utoipa::IntoParams;
@@ -81,7 +82,17 @@ pub(super) async fn list_deliveries(
     let q = DeliveryQuery {
         tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?),
         endpoint_id: query.parse::<EndpointId>("endpoint_id", "an endpoint id")?,
-        event_type: query.0.get("event_type").cloned(),
+        event_type: query
+            .0
+            .get("event_type")
+            .map(|t| {
+                // A type no event can have matches nothing: say so rather than
+                // answer an empty page (a misspelt filter looked like no deliveries).
+                validate_event_type(t)
+                    .map(|()| t.clone())
+                    .map_err(|e| ApiError::invalid("event_type", e))
+            })
+            .transpose()?,
         status,
         since,
         until,

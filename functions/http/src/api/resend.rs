@@ -246,6 +246,10 @@ async fn by_window(
             format!("a window spans at most {MAX_WINDOW_DAYS} days"),
         ));
     }
+    if let Some(t) = &body.event_type {
+        entrega_core::endpoint::validate_event_type(t)
+            .map_err(|e| ApiError::invalid("event_type", e))?;
+    }
     let mut query = DeliveryQuery {
         tenant: caller.list_scope(body.tenant_id.clone()),
         endpoint_id: body.endpoint_id.clone(),
