@@ -284,17 +284,8 @@ async fn a_body_field_given_twice_is_refused() {
             r#"{"url":"https://a.example.com/","url":"https://b.example.com/"}"#,
         ),
     ] {
-        let response = acme
-            .client
-            .post(format!("{}{path}", acme.base))
-            .bearer_auth(&acme.key)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 400, "{path}");
-        let problem: serde_json::Value = response.json().await.unwrap();
+        let (status, problem) = acme.post_text(path, body.to_owned()).await;
+        assert_eq!(status, 400, "{path}");
         let detail = problem["detail"].as_str().unwrap();
         assert!(detail.contains("duplicate field"), "{path}: {problem}");
     }

@@ -246,19 +246,8 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     let publish = |id: &'static str, data: String| {
         let acme = acme.clone();
         async move {
-            let response = acme
-                .client
-                .post(format!("{}/v1/events", acme.base))
-                .bearer_auth(&acme.key)
-                .header("content-type", "application/json")
-                .body(format!(
-                    r#"{{"id":"{id}","type":"order.created","data":{data}}}"#
-                ))
-                .send()
-                .await
-                .unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<serde_json::Value>().await.unwrap())
+            let body = format!(r#"{{"id":"{id}","type":"order.created","data":{data}}}"#);
+            acme.post_text("/v1/events", body).await
         }
     };
     let (status, answer) = publish("big-1", data.to_owned()).await;
