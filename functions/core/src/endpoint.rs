@@ -79,6 +79,10 @@ pub struct Endpoint {
     /// Why Entrega disabled it (410 Gone, failing too long); `None` if a human did.
     #[serde(default)]
     pub disabled_reason: Option<String>,
+    /// When it was last enabled again after being disabled: a verdict on the endpoint
+    /// from an attempt made before it (a 410) does not undo that enable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled_at: Option<DateTime<Utc>>,
     /// Optimistic-concurrency version of the configuration: every write names the
     /// version it read, so a change the API confirmed is never overwritten.
     #[serde(default)]
@@ -109,6 +113,7 @@ impl Endpoint {
             created_at: now,
             updated_at: now,
             disabled_reason: None,
+            enabled_at: None,
             version: 0,
             health: EndpointHealth::default(),
         }
@@ -125,6 +130,15 @@ impl Endpoint {
                     .map(|p| &p.secret),
             )
             .collect()
+    }
+
+    /// Enable it again, if it is disabled, from `now`.
+    pub fn enable(&mut self, now: DateTime<Utc>) {
+        if self.disabled {
+            self.disabled = false;
+            self.disabled_reason = None;
+            self.enabled_at = Some(now);
+        }
     }
 
     /// Replace the secret; the old one signs alongside for [`ROTATION_OVERLAP`], as do

@@ -164,13 +164,13 @@ async fn set_disabled(
         if current.disabled {
             return Ok(Some(false));
         }
-        if current.version != endpoint.version {
-            // The verdict is about a configuration the endpoint no longer has: while
-            // the attempt ran, someone pointed it elsewhere (the new URL has not
-            // failed), or disabled and enabled it again, and that enable, answered
-            // 200, is not undone by an answer to a request sent before it. Its next
-            // attempt, made under the configuration as it is now, gives a verdict of
-            // its own.
+        if current.url != endpoint.url || current.enabled_at != endpoint.enabled_at {
+            // The verdict is about an endpoint that is no longer as it was: while the
+            // attempt ran, someone pointed it elsewhere (the new URL has not failed),
+            // or disabled and enabled it again, and that enable, answered 200, is not
+            // undone by an answer to a request sent before it. Its next attempt gives
+            // a verdict of its own. (Any other change, a description, stands with the
+            // 410: voided by it, a Gone receiver had a second request.)
             return Ok(None);
         }
         current.disabled = true;

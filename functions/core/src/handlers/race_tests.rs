@@ -232,3 +232,14 @@ async fn a_resend_while_an_at_most_once_attempt_is_out_is_refused() {
         .expect("a resend after the attempt ended is a person's choice");
     assert_eq!(resent.state, DeliveryState::Pending);
 }
+
+/// A 410 answered after a change that leaves the endpoint as it was for the verdict
+/// (its description) disables it at once: voided by any change, the Gone receiver had
+/// a second request (a hostile test, against the first version of the rule above).
+#[tokio::test]
+async fn gone_after_a_description_change_during_the_attempt_disables_at_once() {
+    let (c, d) = gone_after_a_change(During::Describe).await;
+    assert!(c.stored_endpoint().await.disabled);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Paused);
+    assert_eq!(c.world.transport.requests().len(), 1);
+}

@@ -146,6 +146,8 @@ pub(super) enum During {
     ResendRefused(crate::ids::DeliveryId),
     /// Disables the endpoint, then enables it again.
     DisableAndEnable,
+    /// Changes the endpoint's description.
+    Describe,
 }
 
 /// Does what [`During`] says while the first request is out, then answers as the
@@ -193,11 +195,17 @@ impl crate::ports::Transport for ChangedDuringTheAttempt {
                     );
                 }
                 During::DisableAndEnable => {
-                    for disabled in [true, false] {
-                        let mut e = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
-                        e.disabled = disabled;
-                        store.update_endpoint(&e).await.unwrap();
-                    }
+                    let mut e = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
+                    e.disabled = true;
+                    store.update_endpoint(&e).await.unwrap();
+                    let mut e = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
+                    e.enable(self.services.clock.now());
+                    store.update_endpoint(&e).await.unwrap();
+                }
+                During::Describe => {
+                    let mut e = store.get_endpoint(&self.endpoint).await.unwrap().unwrap();
+                    e.description = Some("changed during the attempt".into());
+                    store.update_endpoint(&e).await.unwrap();
                 }
             }
         }

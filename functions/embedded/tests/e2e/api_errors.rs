@@ -242,6 +242,39 @@ async fn unknown_and_repeated_query_parameters_are_refused() {
             "{path}: {problem}"
         );
     }
+    // Routes that take no parameter refuse one too, before acting: `dry_run` published
+    // a real event, and `rotate-secret?x=1` rotated the secret.
+    let endpoint = acme
+        .endpoint(json!({"url": "https://hooks.example.com/"}))
+        .await;
+    let ep = format!("/v1/endpoints/{}", endpoint["id"].as_str().unwrap());
+    let (status, problem) = acme
+        .post("/v1/events?dry_run=true", json!({"type": "q", "data": {}}))
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (400, Some("dry_run")));
+    let (status, problem) = acme
+        .post(&format!("{ep}/rotate-secret?x=1"), json!({}))
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (400, Some("x")));
+    let (status, problem) = acme.get(&format!("{ep}?verbose=1")).await;
+    assert_eq!((status, problem["field"].as_str()), (400, Some("verbose")));
+    let (_, now) = acme.get(&ep).await;
+    assert_eq!(now["secret"], endpoint["secret"], "not rotated");
+    let (_, page) = acme.get("/v1/deliveries").await;
+    assert_eq!(page["data"], json!([]), "nothing published");
+    // A tenant key naming another tenant is refused, as when it publishes (it got
+    // its own list, or an empty one).
+    let (other, _) = admin.tenant("Other").await;
+    for path in ["/v1/deliveries", "/v1/failures", "/v1/endpoints"] {
+        let (status, problem) = acme.get(&format!("{path}?tenant_id={other}")).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some("tenant_id")),
+            "{path}"
+        );
+        let (status, _) = acme.get(&format!("{path}?tenant_id={tenant}")).await;
+        assert_eq!(status, 200, "its own: {path}");
+    }
     // A type no event can have is a misspelt filter, not an empty page.
     let (status, problem) = acme.get("/v1/deliveries?event_type=bad%20type!").await;
     assert_eq!(

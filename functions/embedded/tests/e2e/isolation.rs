@@ -41,10 +41,11 @@ async fn tenant_b_cannot_see_or_change_tenant_a() {
     }
     let (_, list) = b.get("/v1/endpoints").await;
     assert!(list["data"].as_array().unwrap().is_empty());
-    let (_, list) = b.get(&format!("/v1/deliveries?tenant_id={a_id}")).await;
-    assert!(
-        list["data"].as_array().unwrap().is_empty(),
-        "a tenant key ignores tenant_id"
+    let (status, problem) = b.get(&format!("/v1/deliveries?tenant_id={a_id}")).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("tenant_id")),
+        "a tenant key names no other tenant: {problem}"
     );
     let (status, _) = b
         .post(

@@ -89,11 +89,12 @@ impl Caller {
     }
 
     /// The tenant a list is limited to: the caller's own, or for admin the one asked
-    /// for (`None`: all tenants).
-    pub fn list_scope(&self, asked: Option<TenantId>) -> Option<TenantId> {
+    /// for (`None`: all tenants). A tenant key naming another tenant is a 422, as it
+    /// is when it publishes: it answered its own list, or an empty one.
+    pub fn list_scope(&self, asked: Option<TenantId>) -> ApiResult<Option<TenantId>> {
         match &self.principal {
-            Principal::Admin => asked,
-            Principal::Tenant(own) => Some(own.clone()),
+            Principal::Admin => Ok(asked),
+            Principal::Tenant(_) => self.owning_tenant(asked).map(Some),
         }
     }
 

@@ -27,6 +27,7 @@ pub(super) struct ListDeliveries {
     tenant_id: Option<String>,
     #[param(pattern = "^ep_[0-9a-f]{32}$")]
     endpoint_id: Option<String>,
+    #[param(max_length = 128, pattern = "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$")]
     event_type: Option<String>,
     #[param(inline)]
     status: Option<DeliveryStatusDoc>,
@@ -53,16 +54,6 @@ pub(super) async fn list_deliveries(
     caller: Caller,
     query: QueryMap,
 ) -> ApiResult<Json<Page<DeliveryView>>> {
-    query.only(&[
-        "tenant_id",
-        "endpoint_id",
-        "event_type",
-        "status",
-        "since",
-        "until",
-        "limit",
-        "cursor",
-    ])?;
     let status = query
         .0
         .get("status")
@@ -80,7 +71,7 @@ pub(super) async fn list_deliveries(
         }
     }
     let q = DeliveryQuery {
-        tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?),
+        tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?)?,
         endpoint_id: query.parse::<EndpointId>("endpoint_id", "an endpoint id")?,
         event_type: query
             .0

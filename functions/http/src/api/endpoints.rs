@@ -258,8 +258,7 @@ pub(super) async fn list_endpoints(
     caller: Caller,
     query: QueryMap,
 ) -> ApiResult<Json<Page<EndpointView>>> {
-    query.only(&["tenant_id", "limit", "cursor"])?;
-    let scope = caller.list_scope(query.parse("tenant_id", "a tenant id")?);
+    let scope = caller.list_scope(query.parse("tenant_id", "a tenant id")?)?;
     let limit = page_limit(&query)?;
     let page = state
         .services
@@ -339,6 +338,7 @@ pub(super) async fn patch_endpoint(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<PatchEndpoint>,
 ) -> ApiResult<Json<EndpointView>> {
+    let now = state.services.clock.now();
     let (before, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {
         if let Some(url) = &body.url {
             endpoint.url = url.clone();
@@ -358,11 +358,10 @@ pub(super) async fn patch_endpoint(
         if let Some(cap) = body.max_concurrency {
             endpoint.max_concurrency = cap;
         }
-        if let Some(disabled) = body.disabled {
-            endpoint.disabled = disabled;
-            if !disabled {
-                endpoint.disabled_reason = None;
-            }
+        match body.disabled {
+            Some(true) => endpoint.disabled = true,
+            Some(false) => endpoint.enable(now),
+            None => {}
         }
         if let Some(description) = &body.description {
             endpoint.description = description.clone();

@@ -132,10 +132,9 @@ pub(super) async fn get_event(
     Path(id): Path<String>,
     query: QueryMap,
 ) -> ApiResult<Json<EventView>> {
-    query.only(&["tenant_id"])?;
     let not_found = || ApiError::not_found("event", &id);
     // Event ids are scoped to their tenant: an admin names the tenant.
-    let tenant = match caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?) {
+    let tenant = match caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?)? {
         Some(t) => t,
         None => {
             return Err(ApiError::invalid(

@@ -117,10 +117,8 @@ fn missing_field(message: &str) -> Option<String> {
     Some(rest.split('`').next()?.to_owned())
 }
 
-/// Query parameters as a map; each route reads and validates the ones it knows, after
-/// [`QueryMap::only`] has refused the rest. A parameter given twice is refused here:
-/// which one would count? (Taking the last, `status=delivered&status=failed` listed
-/// only failed deliveries, answered 200.)
+/// Query parameters as a map; each route reads and validates the ones it knows (the
+/// others, and any given twice, were refused before: see `query_params`).
 pub struct QueryMap(pub std::collections::HashMap<String, String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
@@ -128,43 +126,12 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or("");
-        let mut map = std::collections::HashMap::new();
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()).into_owned() {
-            if map.contains_key(&name) {
-                return Err(ApiError::bad_parameter(&name, "give it once"));
-            }
-            map.insert(name, value);
-        }
-        Ok(QueryMap(map))
+        let pairs = url::form_urlencoded::parse(query.as_bytes()).into_owned();
+        Ok(QueryMap(pairs.collect()))
     }
 }
 
 impl QueryMap {
-    /// Refuse a parameter the route does not take, naming it and the ones it does: a
-    /// misspelt filter ignored would answer 200 with every row, unfiltered.
-    pub fn only(&self, known: &[&str]) -> Result<(), ApiError> {
-        let mut unknown: Vec<&String> = self
-            .0
-            .keys()
-            .filter(|k| !known.contains(&k.as_str()))
-            .collect();
-        unknown.sort();
-        match unknown.first() {
-            None => Ok(()),
-            Some(name) => Err(ApiError::bad_parameter(
-                name,
-                format!(
-                    "not a parameter of this route; it takes {}",
-                    known
-                        .iter()
-                        .map(|k| format!("`{k}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )),
-        }
-    }
-
     /// Parse parameter `name` if present, naming it in the error otherwise.
     pub fn parse<T: std::str::FromStr>(
         &self,

@@ -47,9 +47,8 @@ pub(super) async fn list_failures(
     caller: Caller,
     query: QueryMap,
 ) -> ApiResult<Json<Page<FailureView>>> {
-    query.only(&["tenant_id", "acknowledged", "limit", "cursor"])?;
     let q = FailureQuery {
-        tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?),
+        tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?)?,
         acknowledged: query.parse::<bool>("acknowledged", "true or false")?,
         limit: page_limit(&query)?,
         cursor: page_cursor::<FailureId>(&query)?,

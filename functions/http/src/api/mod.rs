@@ -11,6 +11,7 @@ pub mod failures;
 mod idempotency;
 pub mod openapi;
 pub mod problem;
+mod query_params;
 pub mod rate_limit;
 pub mod resend;
 pub mod schemas;
@@ -243,6 +244,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .merge(stats::router())
         .merge(openapi::router())
         .merge(crate::console::router())
+        .route_layer(axum::middleware::from_fn(query_params::refuse_undocumented))
         .fallback(no_route)
         .layer(axum::middleware::from_fn(problems_only))
         .layer(axum::middleware::from_fn_with_state(

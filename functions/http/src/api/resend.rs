@@ -114,7 +114,7 @@ pub(super) struct BatchResend {
     #[schema(value_type = DeliveryStatusDoc)]
     status: Option<DeliveryStatus>,
     #[serde(default, deserialize_with = "super::endpoints::not_null")]
-    #[schema(value_type = String)]
+    #[schema(value_type = String, max_length = 128, pattern = "^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$")]
     event_type: Option<String>,
     #[serde(default, deserialize_with = "super::endpoints::not_null")]
     #[schema(value_type = String, format = DateTime)]
@@ -251,7 +251,7 @@ async fn by_window(
             .map_err(|e| ApiError::invalid("event_type", e))?;
     }
     let mut query = DeliveryQuery {
-        tenant: caller.list_scope(body.tenant_id.clone()),
+        tenant: caller.list_scope(body.tenant_id.clone())?,
         endpoint_id: body.endpoint_id.clone(),
         event_type: body.event_type.clone(),
         status: body.status,
