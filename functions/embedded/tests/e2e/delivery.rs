@@ -259,16 +259,8 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     let body = receiver.got()[0].body.clone();
     assert!(body.ends_with(&format!(r#""data":{data}}}"#)), "{body}");
 
-    let shown = acme
-        .client
-        .get(format!("{}/v1/events/big-1", acme.base))
-        .bearer_auth(&acme.key)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (status, shown) = acme.get_text("/v1/events/big-1").await;
+    assert_eq!(status, 200, "{shown}");
     assert!(shown.contains(&format!(r#""data":{data}"#)), "{shown}");
 
     let (status, answer) = publish("big-1", data.to_owned()).await;

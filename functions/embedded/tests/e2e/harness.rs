@@ -183,6 +183,22 @@ impl Api {
         body: Option<Value>,
         idempotency_key: Option<&str>,
     ) -> (u16, Value) {
+        let body = body.map(|b| b.to_string());
+        let (status, text) = self.send_text(method, path, body, idempotency_key).await;
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// A request whose JSON body, if any, is `body` as written; the answer's text.
+    async fn send_text(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+        idempotency_key: Option<&str>,
+    ) -> (u16, String) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let mut req = self
             .client
@@ -192,15 +208,11 @@ impl Api {
             req = req.header("idempotency-key", key);
         }
         if let Some(body) = body {
-            req = req.json(&body);
+            req = req.header("content-type", "application/json").body(body);
         }
         let resp = req.send().await.expect("the API answers");
         let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, resp.text().await.unwrap())
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
@@ -214,17 +226,13 @@ impl Api {
     /// POST `body` as it is written (what a `Value` cannot hold: a field given twice,
     /// a number past 64 bits).
     pub async fn post_text(&self, path: &str, body: String) -> (u16, Value) {
-        let response = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.key)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let (status, text) = self.send_text("POST", path, Some(body), None).await;
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// GET the answer's text as it was written (what a `Value` would round).
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        self.send_text("GET", path, None, None).await
     }
 
     /// Create a tenant (as admin) and return an API client acting for it.

@@ -73,17 +73,7 @@ pub(super) async fn list_deliveries(
     let q = DeliveryQuery {
         tenant: caller.list_scope(query.parse::<TenantId>("tenant_id", "a tenant id")?)?,
         endpoint_id: query.parse::<EndpointId>("endpoint_id", "an endpoint id")?,
-        event_type: query
-            .0
-            .get("event_type")
-            .map(|t| {
-                // A type no event can have matches nothing: say so rather than
-                // answer an empty page (a misspelt filter looked like no deliveries).
-                validate_event_type(t)
-                    .map(|()| t.clone())
-                    .map_err(|e| ApiError::invalid("event_type", e))
-            })
-            .transpose()?,
+        event_type: event_type_filter(query.0.get("event_type"))?,
         status,
         since,
         until,
@@ -124,6 +114,19 @@ pub(super) async fn get_delivery(
         delivery: DeliveryView::from(&delivery),
         attempts: attempts.iter().map(AttemptView::from).collect(),
     }))
+}
+
+/// An `event_type` filter (the log's, a batch resend's), checked: a type no event can
+/// have matches nothing, so say so rather than answer an empty page (a misspelt
+/// filter looked like no deliveries).
+pub(super) fn event_type_filter(asked: Option<&String>) -> ApiResult<Option<String>> {
+    asked
+        .map(|t| {
+            validate_event_type(t)
+                .map(|()| t.clone())
+                .map_err(|e| ApiError::invalid("event_type", e))
+        })
+        .transpose()
 }
 
 pub fn router() -> Router<AppState> {

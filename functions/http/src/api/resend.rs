@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
-use super::deliveries::load_delivery;
+use super::deliveries::{event_type_filter, load_delivery};
 use super::extract::JsonBody;
 use super::idempotency::{fingerprint, IdempotentRequest};
 use super::problem::{ApiError, ApiResult};
@@ -246,14 +246,10 @@ async fn by_window(
             format!("a window spans at most {MAX_WINDOW_DAYS} days"),
         ));
     }
-    if let Some(t) = &body.event_type {
-        entrega_core::endpoint::validate_event_type(t)
-            .map_err(|e| ApiError::invalid("event_type", e))?;
-    }
     let mut query = DeliveryQuery {
         tenant: caller.list_scope(body.tenant_id.clone())?,
         endpoint_id: body.endpoint_id.clone(),
-        event_type: body.event_type.clone(),
+        event_type: event_type_filter(body.event_type.as_ref())?,
         status: body.status,
         since: Some(since),
         until: Some(until),

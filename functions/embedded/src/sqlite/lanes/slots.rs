@@ -28,9 +28,9 @@ pub struct KeptSlots {
     /// Most demoted messages one group may have.
     pub demoted_per_group: u32,
     /// Most messages of groups slow lately in flight at once (but demoted ones, and
-    /// those of lanes proven quick or on their probe): they share this many of the shared slots, so
-    /// attempts that neither end nor move out (the slow slots all taken) cannot crowd
-    /// out quick ones.
+    /// those of lanes proven quick or on their probe): they share this many of the
+    /// shared slots, so attempts that neither end nor move out (the slow slots all
+    /// taken) cannot crowd out quick ones.
     pub slow_share: u32,
     /// Most of the slow share one group may hold, so slow groups share it: one tenant
     /// hanging on many endpoints held all of it for its whole timeout, and another's
