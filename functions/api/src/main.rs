@@ -18,7 +18,7 @@ async fn main() -> Result<(), Error> {
         limiter,
         conditions: Default::default(),
         waiting: None,
-        after_publish: None,
+        publisher: None,
     }))
     .await
 }

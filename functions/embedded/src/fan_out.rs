@@ -1,19 +1,34 @@
-//! The embedded runtime's fan-out of a committed event, outside the outbox poller: by
-//! a publish (beside its request) and by a producer outbox's drain. The poller stays
-//! the fallback: it fans out what these did not (a crash, a full bound), and leaves
-//! alone what they are fanning out, so no event is fanned out twice at once (that
-//! would queue two messages for each of its deliveries, and both could be sent).
+//! The embedded runtime's fan-out of an event, outside the outbox poller: in a
+//! publish's own commit ([`PublishAndFanOut`]), beside a publish's request when that
+//! cannot be, and by a producer outbox's drain. The poller stays the fallback: it fans
+//! out what these did not (a crash, a full bound), and leaves alone what they are
+//! fanning out, so no event is fanned out twice at once (that would queue two
+//! messages for each of its deliveries, and both could be sent).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use entrega_core::event::Event;
-use entrega_core::handlers::fanout::fan_out;
-use entrega_core::ports::{Services, StoreError};
+use entrega_core::handlers::fanout::{fan_out, first_message, planned_deliveries};
+use entrega_core::ports::{Clock, Published, Services, StoreError, StoreResult};
 use tokio::sync::Semaphore;
 
+use crate::sqlite::publish_fan_out::PlannedDelivery;
+use crate::sqlite::queue::SqliteQueue;
 use crate::sqlite::replayable;
 use crate::sqlite::SqliteStore;
+
+/// Deliveries one publish creates in its own commit, at most: an event for a tenant
+/// with more subscribed endpoints is fanned out beside the request instead, so one
+/// publish's write never holds the writer thread for long.
+pub const DELIVERIES_IN_A_PUBLISH: usize = 64;
+
+/// A step after an event commits: the fan-out beside a publish's request, or behind a
+/// producer outbox's drain.
+#[async_trait::async_trait]
+pub trait AfterPublish: Send + Sync {
+    async fn published(&self, event: &Event);
+}
 
 /// Fan-outs started by publishes and not yet done, at most: past it a publish leaves
 /// its event to the outbox poller (which takes it [`crate::runtime::INLINE_GRACE`]
@@ -111,7 +126,7 @@ impl InlineFanOut {
 }
 
 #[async_trait::async_trait]
-impl entrega_http::api::AfterPublish for InlineFanOut {
+impl AfterPublish for InlineFanOut {
     async fn published(&self, event: &Event) {
         // Under way from here until its mark commits: `fan_out_committed` holds it.
         self.fan_out(event).await;
@@ -137,7 +152,7 @@ impl FanOutBesideRequest {
 }
 
 #[async_trait::async_trait]
-impl entrega_http::api::AfterPublish for FanOutBesideRequest {
+impl AfterPublish for FanOutBesideRequest {
     async fn published(&self, event: &Event) {
         let Ok(permit) = self.running.clone().try_acquire_owned() else {
             tracing::debug!(event_id = %event.id, "too many fan-outs under way; the outbox poller takes this one");
@@ -150,6 +165,53 @@ impl entrega_http::api::AfterPublish for FanOutBesideRequest {
             inline.fan_out(&event).await;
             drop((marked, permit));
         });
+    }
+}
+
+/// The embedded API's publish: the event, its deliveries and their first messages in
+/// one commit (see [`crate::sqlite::publish_fan_out`]), planned by the fan-out's own
+/// rules from the tenant's endpoints as the store reads them. Where that cannot be, the
+/// event is published alone and fanned out beside the request, as before:
+///
+/// - a disabled endpoint subscribes: its delivery is created paused, and an enable that
+///   commits between reading the list and the publish's commit must still resume it,
+///   which the fan-out handler does after its create (`resume_if_enabled`);
+/// - more than [`DELIVERIES_IN_A_PUBLISH`] endpoints subscribe.
+pub struct PublishAndFanOut {
+    pub store: SqliteStore,
+    pub queue: SqliteQueue,
+    pub clock: Arc<dyn Clock>,
+    pub beside: FanOutBesideRequest,
+}
+
+#[async_trait::async_trait]
+impl entrega_http::api::Publisher for PublishAndFanOut {
+    async fn publish(&self, event: &Event) -> StoreResult<Published> {
+        use entrega_core::ports::EventStore;
+
+        let endpoints = self.store.shared_tenant_endpoints(&event.tenant_id).await?;
+        let mut planned = Vec::new();
+        for (delivery, endpoint) in planned_deliveries(event, &endpoints, self.clock.now()) {
+            let first = first_message(&delivery, endpoint);
+            match first {
+                Some(first_message) if planned.len() < DELIVERIES_IN_A_PUBLISH => {
+                    planned.push(PlannedDelivery {
+                        delivery,
+                        first_message,
+                    })
+                }
+                _ => {
+                    let published = self.store.publish(event).await?;
+                    if published == Published::Created {
+                        self.beside.published(event).await;
+                    }
+                    return Ok(published);
+                }
+            }
+        }
+        self.store
+            .publish_with_deliveries(event, planned, endpoints.clone(), &self.queue)
+            .await
     }
 }
 

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use entrega_core::conditions::Conditions;
 use entrega_core::ports::{ManualClock, SystemClock};
-use entrega_http::api::AfterPublish;
 use entrega_http::transport::TargetPolicy;
 use tokio::sync::Semaphore;
 

@@ -24,7 +24,9 @@ use entrega_http::api::{router, App, AppState};
 use entrega_http::transport::{HttpTransport, TargetPolicy};
 use tokio::sync::watch;
 
-use crate::fan_out::{FanOutBesideRequest, FanOutsUnderWay, InlineFanOut};
+use crate::fan_out::{
+    AfterPublish, FanOutBesideRequest, FanOutsUnderWay, InlineFanOut, PublishAndFanOut,
+};
 use crate::metrics::PrometheusMetrics;
 use crate::notifier::{AlertWebhook, EmbeddedNotifier, SmtpRelay};
 use crate::runtime::{Runtime, WorkerSlots};
@@ -118,12 +120,18 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 retention: config.retention,
                 slots: WorkerSlots::default(),
             };
+            let publisher = Arc::new(PublishAndFanOut {
+                store: backlog.store.clone(),
+                queue: backlog.deliveries.clone(),
+                clock: services.clock.clone(),
+                beside: FanOutBesideRequest::new(inline.clone()),
+            });
             let probe = Probes {
                 metrics,
                 conditions,
                 slots: Some(runtime.slots.clone()),
                 backlog: Some(backlog),
-                after_publish: Some(Arc::new(FanOutBesideRequest::new(inline.clone()))),
+                publisher: Some(publisher),
                 fan_out: Some(inline),
             };
             let listener = bind(&config).await?;
@@ -165,7 +173,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 slots: None,
                 backlog: None,
                 // The outbox table's stream fans out, as on AWS.
-                after_publish: None,
+                publisher: None,
                 fan_out: None,
             };
             run(
@@ -195,8 +203,8 @@ async fn bind(config: &ServeConfig) -> Result<tokio::net::TcpListener, BoxError>
 }
 
 /// What the API serves beside the shared router: metrics, conditions, the backlog, and
-/// the runtime's steps after a publish (`after_publish`, beside the request) and after
-/// a producer outbox's drain commits an event (`fan_out`, awaited: the drain's
+/// the runtime's way to commit a publish (`publisher`, with its fan-out) and its step
+/// after a producer outbox's drain commits an event (`fan_out`, awaited: the drain's
 /// back-pressure).
 struct Probes {
     metrics: Arc<PrometheusMetrics>,
@@ -204,8 +212,8 @@ struct Probes {
     /// The embedded worker's slots, for `/metrics`.
     slots: Option<WorkerSlots>,
     backlog: Option<EmbeddedBacklog>,
-    after_publish: Option<Arc<dyn entrega_http::api::AfterPublish>>,
-    fan_out: Option<Arc<dyn entrega_http::api::AfterPublish>>,
+    publisher: Option<Arc<dyn entrega_http::api::Publisher>>,
+    fan_out: Option<Arc<dyn AfterPublish>>,
 }
 
 /// One process per database: the lock is what makes releasing the previous process's
@@ -316,7 +324,7 @@ where
         limiter: Some(Arc::new(RateLimiter::new(config.api_rate_limit))),
         conditions: probes.conditions.clone(),
         waiting,
-        after_publish: probes.after_publish.clone(),
+        publisher: probes.publisher.clone(),
     }
     .into();
     // Metrics are this process's own, so they are served beside the shared API.

@@ -169,7 +169,7 @@ async fn api_function(stack: &Stack) -> (axum::Router, String) {
         limiter: None,
         conditions: Default::default(),
         waiting: None,
-        after_publish: None,
+        publisher: None,
     });
     let admin_key = entrega_core::tenant::generate_api_key();
     stack

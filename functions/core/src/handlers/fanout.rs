@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use tracing::{info_span, Instrument};
 
+use chrono::{DateTime, Utc};
+
 use crate::delivery::{Delivery, DeliveryState};
+use crate::endpoint::Endpoint;
 use crate::event::Event;
 use crate::ids::DeliveryId;
-use crate::ports::{Services, StoreResult};
+use crate::ports::{OutgoingMessage, Services, StoreResult};
 
 use super::task::DeliveryTask;
 
@@ -26,13 +29,7 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
         let mut messages = Vec::new();
         let mut count = 0;
         let mut waiting = 0;
-        for endpoint in endpoints
-            .iter()
-            .filter(|e| e.subscribes_to(&event.event_type))
-        {
-            let id =
-                DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
-            let fresh = Delivery::new(id, event, endpoint.id.clone(), endpoint.disabled, now);
+        for (fresh, endpoint) in planned_deliveries(event, &endpoints, now) {
             let (stored, created) = services.store.create_delivery_if_absent(&fresh).await?;
             count += 1;
             if created && stored.state == DeliveryState::Paused {
@@ -43,14 +40,7 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
             if created && stored.state == DeliveryState::Pending {
                 waiting += 1;
             }
-            // Only a never-attempted delivery needs its first message; anything further
-            // along already has one (or is paused until its endpoint is re-enabled).
-            if stored.state == DeliveryState::Pending && stored.attempt_count == 0 {
-                messages.push(
-                    DeliveryTask::for_delivery(&stored)
-                        .message(endpoint.max_concurrency, Duration::ZERO),
-                );
-            }
+            messages.extend(first_message(&stored, endpoint));
         }
         if !messages.is_empty() {
             services.deliveries.send(messages).await?;
@@ -63,4 +53,33 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
     }
     .instrument(span)
     .await
+}
+
+/// The delivery `event` gets at each of `endpoints` that subscribes to it, as a fan-out
+/// at `now` creates it (paused at a disabled endpoint), beside its endpoint. Its id is
+/// derived from the event and the endpoint, so a second fan-out plans the same ids.
+pub fn planned_deliveries<'a>(
+    event: &'a Event,
+    endpoints: &'a [Endpoint],
+    now: DateTime<Utc>,
+) -> impl Iterator<Item = (Delivery, &'a Endpoint)> + 'a {
+    endpoints
+        .iter()
+        .filter(|e| e.subscribes_to(&event.event_type))
+        .map(move |endpoint| {
+            let id =
+                DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());
+            let fresh = Delivery::new(id, event, endpoint.id.clone(), endpoint.disabled, now);
+            (fresh, endpoint)
+        })
+}
+
+/// The message a fan-out queues for `stored` (the delivery as the store holds it after
+/// the fan-out's create), if any: only a never-attempted delivery needs its first
+/// message; anything further along already has one (or is paused until its endpoint
+/// is re-enabled).
+pub fn first_message(stored: &Delivery, endpoint: &Endpoint) -> Option<OutgoingMessage> {
+    (stored.state == DeliveryState::Pending && stored.attempt_count == 0).then(|| {
+        DeliveryTask::for_delivery(stored).message(endpoint.max_concurrency, Duration::ZERO)
+    })
 }

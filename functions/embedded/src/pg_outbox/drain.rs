@@ -17,12 +17,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fan_out::AfterPublish;
 use entrega_core::conditions::{Component, Conditions};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::ids::TenantId;
 use entrega_core::ports::{Published, Services, StoreError};
 use entrega_core::producer_outbox::{event_of_row, OutboxRow, QuarantineReason};
-use entrega_http::api::AfterPublish;
 use entrega_runtime::{pause, LoopBackoff};
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt};

@@ -131,6 +131,67 @@ impl DeliveryWrite {
     }
 }
 
+/// A delivery's create, made ready before it goes to the writer thread.
+pub(super) struct NewDelivery {
+    delivery: Delivery,
+    json: String,
+    due: Option<String>,
+}
+
+impl NewDelivery {
+    pub(super) fn of(delivery: &Delivery) -> Result<Self, DbError> {
+        Ok(Self {
+            json: serde_json::to_string(delivery)?,
+            due: due_at(delivery),
+            delivery: delivery.clone(),
+        })
+    }
+
+    /// Create it unless the event already has a delivery to its endpoint; the delivery
+    /// as stored, and whether this created it.
+    pub(super) fn insert_if_absent(&self, conn: &Connection) -> Result<(Delivery, bool), DbError> {
+        let d = &self.delivery;
+        let created =
+            conn.prepare_cached(
+                "INSERT INTO deliveries
+                   (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at,
+                    version, json, due_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![
+                d.id.as_str(),
+                d.tenant_id.as_str(),
+                d.endpoint_id.as_str(),
+                d.event_id.as_str(),
+                d.event_type,
+                d.state.as_str(),
+                d.state.status().as_str(),
+                ts(d.created_at),
+                d.version as i64,
+                self.json,
+                self.due,
+            ])? == 1;
+        if created {
+            return Ok((d.clone(), true));
+        }
+        // The one delivery of this event to this endpoint, whatever its id: a database
+        // from a build that derived ids otherwise keeps its own.
+        let stored = json_row(
+            conn,
+            "SELECT json FROM deliveries
+             WHERE tenant_id = ?1 AND event_id = ?2 AND endpoint_id = ?3",
+            [
+                d.tenant_id.as_str(),
+                d.event_id.as_str(),
+                d.endpoint_id.as_str(),
+            ],
+        )?
+        .ok_or_else(|| DbError::Conflict("delivery vanished after insert".into()))?;
+        Ok((stored, false))
+    }
+}
+
 /// `saved` if its write landed; a conflict if the delivery had changed meanwhile.
 fn landed_or_conflict(landed: bool, saved: Delivery) -> StoreResult<Delivery> {
     if landed {
@@ -148,46 +209,8 @@ impl DeliveryStore for SqliteStore {
         &self,
         delivery: &Delivery,
     ) -> StoreResult<(Delivery, bool)> {
-        let d = delivery.clone();
-        let (json, due) = (
-            serde_json::to_string(&d).map_err(DbError::from)?,
-            due_at(&d),
-        );
-        self.db
-            .call(move |conn| {
-                let created = conn.prepare_cached("INSERT INTO deliveries
-                       (id, tenant_id, endpoint_id, event_id, event_type, state, status, created_at, version, json, due_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                     ON CONFLICT DO NOTHING")?.execute(
-                    params![
-                        d.id.as_str(),
-                        d.tenant_id.as_str(),
-                        d.endpoint_id.as_str(),
-                        d.event_id.as_str(),
-                        d.event_type,
-                        d.state.as_str(),
-                        d.state.status().as_str(),
-                        ts(d.created_at),
-                        d.version as i64,
-                        json,
-                        due,
-                    ],
-                )? == 1;
-                if created {
-                    return Ok((d.clone(), true));
-                }
-                // The one delivery of this event to this endpoint, whatever its id: a
-                // database from a build that derived ids otherwise keeps its own.
-                let stored = json_row(
-                    conn,
-                    "SELECT json FROM deliveries
-                     WHERE tenant_id = ?1 AND event_id = ?2 AND endpoint_id = ?3",
-                    [d.tenant_id.as_str(), d.event_id.as_str(), d.endpoint_id.as_str()],
-                )?
-                .ok_or_else(|| DbError::Conflict("delivery vanished after insert".into()))?;
-                Ok((stored, false))
-            })
-            .await
+        let new = NewDelivery::of(delivery)?;
+        self.db.call(move |conn| new.insert_if_absent(conn)).await
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {

@@ -201,9 +201,20 @@ impl EndpointStore for SqliteStore {
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
+        Ok(self.shared_tenant_endpoints(tenant).await?.as_ref().clone())
+    }
+}
+
+impl SqliteStore {
+    /// `tenant`'s endpoints as [`EndpointStore::tenant_endpoints`] reads them, without
+    /// copying them out of the read cache.
+    pub async fn shared_tenant_endpoints(
+        &self,
+        tenant: &TenantId,
+    ) -> StoreResult<Arc<Vec<Endpoint>>> {
         let now = self.clock.now();
         if let Some(endpoints) = self.endpoint_lists.get(tenant.as_str(), now) {
-            return Ok(endpoints.as_ref().clone());
+            return Ok(endpoints);
         }
         let tenant = tenant.to_string();
         let read_at = self.endpoint_lists.generation();
@@ -220,8 +231,9 @@ impl EndpointStore for SqliteStore {
                 rows.into_iter().map(decode).collect::<Result<Vec<_>, _>>()
             })
             .await?;
+        let endpoints = Arc::new(endpoints);
         self.endpoint_lists
-            .put(tenant, Arc::new(endpoints.clone()), read_at, now);
+            .put(tenant, endpoints.clone(), read_at, now);
         Ok(endpoints)
     }
 }

@@ -20,6 +20,54 @@ pub(super) fn read_event(
     )
 }
 
+/// A step of a publish's write: the event's outbox row, unless its tenant already has
+/// an event with its id (then that one), or the database is near its size limit
+/// (`None`: a refusal is an answer, not a failed write, which would make the writer
+/// run its whole group again; see `writer.rs`). `fanned_out` when its deliveries are
+/// queued in the same transaction.
+pub(super) fn insert_event(
+    conn: &Connection,
+    soft_limit: Option<i64>,
+    id: &str,
+    tenant: &str,
+    json: &str,
+    fanned_out: bool,
+) -> Result<Option<Published>, DbError> {
+    if let Some(limit) = soft_limit {
+        let used: i64 = conn
+            .prepare_cached(
+                "SELECT (SELECT page_count FROM pragma_page_count())
+                      - (SELECT freelist_count FROM pragma_freelist_count())",
+            )?
+            .query_row([], |r| r.get(0))?;
+        if used >= limit {
+            return Ok(None);
+        }
+    }
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO outbox (id, tenant_id, json, fanned_out) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (tenant_id, id) DO NOTHING",
+        )?
+        .execute(params![id, tenant, json, fanned_out])?;
+    if inserted == 1 {
+        return Ok(Some(Published::Created));
+    }
+    let existing = read_event(conn, tenant, id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+    Ok(Some(Published::Existing(existing)))
+}
+
+/// Why a publish was refused near the size limit.
+pub(super) fn size_limit_refusal() -> StoreError {
+    StoreError::Backend(
+        "the database is near its size limit (--max-db-size-mb): new events are refused \
+         while three quarters of it are in use, the rest kept for delivering what was \
+         accepted; settled records are deleted after --retention-days, so raise the limit \
+         or shorten the retention"
+            .into(),
+    )
+}
+
 /// Outbox rows taken per tenant per poll, so one tenant's burst is fanned out
 /// interleaved with everyone else's instead of ahead of it.
 const OUTBOX_ROWS_PER_TENANT: i64 = 20;
@@ -92,37 +140,9 @@ impl SqliteStore {
         // writer run its whole group again (see `writer.rs`).
         let published = self
             .db
-            .call(move |conn| {
-                if let Some(limit) = soft_limit {
-                    let used: i64 = conn.prepare_cached("SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())")?.query_row(
-                        [],
-                        |r| r.get(0),
-                    )?;
-                    if used >= limit {
-                        return Ok(None);
-                    }
-                }
-                let inserted = conn.prepare_cached("INSERT INTO outbox (id, tenant_id, json) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (tenant_id, id) DO NOTHING")?.execute(
-                    params![id, tenant, json],
-                )?;
-                if inserted == 1 {
-                    return Ok(Some(Published::Created));
-                }
-                let existing = read_event(conn, &tenant, &id)?
-                    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                Ok(Some(Published::Existing(existing)))
-            })
+            .call(move |conn| insert_event(conn, soft_limit, &id, &tenant, &json, false))
             .await?
-            .ok_or_else(|| {
-                StoreError::Backend(
-                    "the database is near its size limit (--max-db-size-mb): new events are \
-                     refused while three quarters of it are in use, the rest kept for \
-                     delivering what was accepted; settled records are deleted after \
-                     --retention-days, so raise the limit or shorten the retention"
-                        .into(),
-                )
-            })?;
+            .ok_or_else(size_limit_refusal)?;
         if published == Published::Created {
             self.outbox_pending.add(&event.tenant_id, 1);
         }

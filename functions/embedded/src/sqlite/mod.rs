@@ -12,6 +12,7 @@ mod events;
 mod failures;
 mod lanes;
 pub mod prefetch;
+pub mod publish_fan_out;
 pub mod queue;
 mod read_cache;
 pub mod retention;

@@ -20,7 +20,7 @@ use entrega_core::ports::{
     Clock, DelayLimits, LongDelayScheduler, MessageQueue, OutgoingMessage, ReceivedMessage,
     StoreResult,
 };
-use rusqlite::params;
+use rusqlite::{params, Connection};
 use tokio::sync::Notify;
 
 use super::lanes::{Handout, KeptSlots, Scheduler};
@@ -47,6 +47,44 @@ fn millis(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
+/// Messages to store in a queue, as a write's step.
+#[derive(Clone)]
+pub(super) struct QueueRows(Arc<Vec<OutgoingMessage>>);
+
+impl QueueRows {
+    pub(super) fn of(messages: Vec<OutgoingMessage>) -> Self {
+        Self(Arc::new(messages))
+    }
+
+    /// Store them in the queue `name`, sent at `now` (unix ms); their row ids, in order.
+    /// Not receivable until [`SqliteQueue::schedule`] hands them out after the commit.
+    pub(super) fn insert(
+        &self,
+        conn: &Connection,
+        name: &str,
+        now: i64,
+    ) -> Result<Vec<i64>, DbError> {
+        let mut ids = Vec::with_capacity(self.0.len());
+        let mut stmt = conn.prepare_cached(
+            "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        for m in self.0.iter() {
+            let visible_at = now + m.delay.as_millis() as i64;
+            stmt.execute(params![
+                name,
+                m.body,
+                m.group,
+                m.concurrency_key,
+                m.concurrency_limit,
+                visible_at
+            ])?;
+            ids.push(conn.last_insert_rowid());
+        }
+        Ok(ids)
+    }
+}
+
 /// A receipt is `<row id>:<receipt number>` (hex), opaque to consumers.
 fn parse_receipt(receipt: &str) -> Option<(i64, u64)> {
     let (id, number) = receipt.split_once(':')?;
@@ -59,50 +97,44 @@ impl SqliteQueue {
     /// until a restart).
     async fn send_now(&self, messages: Vec<OutgoingMessage>) -> StoreResult<()> {
         let (name, now) = (self.name, millis(self.clock.now()));
-        let rows: Vec<(String, Option<String>, u32, i64)> = messages
-            .iter()
-            .map(|m| {
-                (
-                    m.group.clone(),
-                    m.concurrency_key.clone(),
-                    m.concurrency_limit,
-                    now + m.delay.as_millis() as i64,
-                )
-            })
-            .collect();
+        let rows = QueueRows::of(messages);
+        let written = rows.clone();
         let ids = self
             .db
-            .call(move |conn| {
-                let mut ids = Vec::with_capacity(messages.len());
-                {
-                    let mut stmt = conn.prepare_cached(
-                        "INSERT INTO queue (queue, body, grp, ckey, climit, visible_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    )?;
-                    for m in &messages {
-                        let visible_at = now + m.delay.as_millis() as i64;
-                        stmt.execute(params![
-                            name,
-                            m.body,
-                            m.group,
-                            m.concurrency_key,
-                            m.concurrency_limit,
-                            visible_at
-                        ])?;
-                        ids.push(conn.last_insert_rowid());
-                    }
-                }
-                Ok(ids)
-            })
+            .call(move |conn| written.insert(conn, name, now))
             .await?;
+        self.schedule(&rows, ids, now);
+        Ok(())
+    }
+
+    /// Hand the rows of `rows`, just committed as `ids` at `now`, to the scheduler, and
+    /// wake a consumer.
+    pub(super) fn schedule(&self, rows: &QueueRows, ids: Vec<i64>, now: i64) {
         {
             let mut scheduler = self.scheduler();
-            for (id, (group, key, limit, visible_at)) in ids.into_iter().zip(rows) {
-                scheduler.insert(id, &group, key.as_deref(), limit, visible_at, now);
+            for (id, m) in ids.into_iter().zip(rows.0.iter()) {
+                let visible_at = now + m.delay.as_millis() as i64;
+                scheduler.insert(
+                    id,
+                    &m.group,
+                    m.concurrency_key.as_deref(),
+                    m.concurrency_limit,
+                    visible_at,
+                    now,
+                );
             }
         }
         self.work.notify_one();
-        Ok(())
+    }
+
+    /// This queue's name in the `queue` column.
+    pub(super) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Now by this queue's clock, as its rows store times (unix ms).
+    pub(super) fn now_ms(&self) -> i64 {
+        millis(self.clock.now())
     }
 
     /// The queue `name` in `db`, with its messages loaded. Every message is visible

@@ -94,12 +94,12 @@ pub(super) async fn publish(
     if backlog >= state.services.settings.max_backlog {
         return Err(ApiError::backlog_full(backlog, BACKLOG_RETRY_AFTER_S));
     }
-    match state.services.store.publish(&event).await? {
-        Published::Created => {
-            if let Some(next) = &state.after_publish {
-                next.published(&event).await;
-            }
-        }
+    let published = match &state.publisher {
+        Some(publisher) => publisher.publish(&event).await?,
+        None => state.services.store.publish(&event).await?,
+    };
+    match published {
+        Published::Created => {}
         // Same id again with the same body: the same event, nothing sent twice.
         Published::Existing(existing) if existing.same_as(&event) => {}
         Published::Existing(_) => {

@@ -69,16 +69,21 @@ pub struct App {
     pub conditions: Arc<Conditions>,
     /// All tenants' waiting work, where the runtime can count it cheaply.
     pub waiting: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
-    /// What a runtime does with a newly committed event before answering 202; the
-    /// embedded runtime starts its fan-out at once, beside the request (the outbox
-    /// poller stays the fallback).
-    pub after_publish: Option<Arc<dyn AfterPublish>>,
+    /// How a runtime commits an event the API accepted. `None`: the store's
+    /// [`EventStore::publish`](entrega_core::ports::EventStore::publish), the outbox
+    /// item alone (on AWS its stream fans it out). The embedded runtime commits the
+    /// event with its deliveries queued.
+    pub publisher: Option<Arc<dyn Publisher>>,
 }
 
-/// A runtime's step after an event commits (see [`App::after_publish`]).
+/// A runtime's way to commit a published event (see [`App::publisher`]); it answers
+/// as [`EventStore::publish`](entrega_core::ports::EventStore::publish) does.
 #[async_trait::async_trait]
-pub trait AfterPublish: Send + Sync {
-    async fn published(&self, event: &entrega_core::event::Event);
+pub trait Publisher: Send + Sync {
+    async fn publish(
+        &self,
+        event: &entrega_core::event::Event,
+    ) -> entrega_core::ports::StoreResult<entrega_core::ports::Published>;
 }
 
 /// `limit` from the query: 1 to [`MAX_PAGE_SIZE`], default [`DEFAULT_PAGE_SIZE`].
