@@ -201,8 +201,9 @@ pub async fn serve(
 
 /// File descriptors kept for everything but API connections: the database and its
 /// WAL, the SMTP relay, and one outgoing webhook connection per attempt in flight.
-const FILES_RESERVED: u64 =
-    128 + (crate::runtime::WORKER_SLOTS + crate::runtime::SLOW_SLOTS) as u64;
+const FILES_RESERVED: u64 = 128
+    + (crate::runtime::WORKER_SLOTS + crate::runtime::SLOW_SLOTS + crate::runtime::KEPT_SLOT_MOVES)
+        as u64;
 
 /// The connection cap that fits the open-file limit: `wanted`, or fewer when the
 /// process may not open that many files (then accept would fail for everyone with

@@ -124,7 +124,7 @@ impl Default for PrometheusMetrics {
             "slow_slots_in_use",
             format!(
                 "Attempts in the embedded worker's slow slots (of {}): endpoints slow lately",
-                crate::runtime::SLOW_SLOTS
+                crate::runtime::SLOW_SLOTS + crate::runtime::KEPT_SLOT_MOVES
             ),
             slow_slots.clone(),
         );

@@ -79,6 +79,13 @@ pub const SLOW_SLOTS: usize = 512;
 /// waiting costs nothing. All the worker's slots fit.
 pub const SLOW_SLOTS_KEPT_FOR_MOVES: usize = WORKER_SLOTS;
 const _: () = assert!(SLOW_SLOTS_KEPT_FOR_MOVES < SLOW_SLOTS);
+/// Attempts moved out of kept worker slots beside [`SLOW_SLOTS`], when none of those
+/// was free: a tenant is known slow only once one of its attempts has run long, so new
+/// tenants whose endpoints hang may take the kept slots first, and with the slow slots
+/// all taken (hanging tenants fill them by design) those attempts held the kept slots
+/// for their whole timeout. Room for four times the kept slots: four such waves of
+/// new hanging tenants within one timeout. Each is a socket, so bounded as well.
+pub const KEPT_SLOT_MOVES: usize = KEPT_SLOTS * 4;
 /// Slow slots one tenant may hold: one endpoint at the largest cap fits (so its
 /// neighbours keep their turn), and two tenants must hang to fill them all (the
 /// others are protected by the kept slots either way).
@@ -134,6 +141,8 @@ pub const INLINE_GRACE: Duration = Duration::from_secs(2);
 pub struct WorkerSlots {
     worker: Arc<Semaphore>,
     slow: Arc<Semaphore>,
+    /// See [`KEPT_SLOT_MOVES`].
+    kept_moves: Arc<Semaphore>,
 }
 
 impl Default for WorkerSlots {
@@ -141,16 +150,19 @@ impl Default for WorkerSlots {
         Self {
             worker: Arc::new(Semaphore::new(WORKER_SLOTS)),
             slow: Arc::new(Semaphore::new(SLOW_SLOTS)),
+            kept_moves: Arc::new(Semaphore::new(KEPT_SLOT_MOVES)),
         }
     }
 }
 
 impl WorkerSlots {
-    /// Worker slots and slow slots taken now.
+    /// Worker slots and slow slots taken now (the moves out of kept slots counted as
+    /// slow: they are attempts running long outside the worker's slots).
     pub fn in_use(&self) -> (usize, usize) {
         (
             WORKER_SLOTS - self.worker.available_permits(),
-            SLOW_SLOTS - self.slow.available_permits(),
+            SLOW_SLOTS - self.slow.available_permits() + KEPT_SLOT_MOVES
+                - self.kept_moves.available_permits(),
         )
     }
 }
@@ -233,6 +245,7 @@ impl Runtime {
         tokio::spawn(attempts.clone().watch(
             SLOW_AFTER,
             slow_slots.clone(),
+            self.slots.kept_moves.clone(),
             self.delivery_queue.clone(),
             shutdown.clone(),
         ));

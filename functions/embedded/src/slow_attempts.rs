@@ -82,11 +82,13 @@ impl SlowAttempts {
 
     /// Every [`SLOW_CHECK_INTERVAL`] until `shutdown`: each attempt in a worker slot
     /// for `slow_after` or more is noted slow, and moved to one of `slow_slots` when
-    /// one is free and its tenant may have it (tried again at each look while not).
+    /// one is free and its tenant may have it, or else, if it took a kept worker slot,
+    /// to one of `kept_moves` (tried again at each look while neither).
     pub async fn watch(
         self,
         slow_after: Duration,
         slow_slots: Arc<Semaphore>,
+        kept_moves: Arc<Semaphore>,
         queue: SqliteQueue,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -100,8 +102,13 @@ impl SlowAttempts {
                 if attempt.worker_slot.is_none() || attempt.started.elapsed() < slow_after {
                     continue;
                 }
-                let slow = slow_slots.clone().try_acquire_owned().ok();
-                if queue.note_slow(&attempt.receipt, slow.is_some()) {
+                let mut slow = slow_slots.clone().try_acquire_owned().ok();
+                let demoted = queue.note_slow(&attempt.receipt, slow.is_some())
+                    || queue.demote_from_kept_place(&attempt.receipt, || {
+                        slow = kept_moves.clone().try_acquire_owned().ok();
+                        slow.is_some()
+                    });
+                if demoted {
                     attempt.worker_slot = None;
                     attempt.slow_slot = slow;
                     moved = true;

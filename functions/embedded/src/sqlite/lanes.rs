@@ -70,6 +70,9 @@ struct Message {
     receive_count: u32,
     /// When it was last handed out.
     handed_at: Millis,
+    /// Handed out into one of the kept places (the shared ones all taken): see
+    /// [`Scheduler::demote_from_kept_place`].
+    in_kept_place: bool,
 }
 
 struct Lane {
@@ -236,6 +239,7 @@ impl Scheduler {
                 receipt: 0,
                 receive_count: 0,
                 handed_at: 0,
+                in_kept_place: false,
             },
         );
         self.activate(lane_id, now);

@@ -432,3 +432,47 @@ fn slow_groups_share_the_slow_share() {
     assert_eq!(ids(&s.receive(10, 20, VIS)), vec![102]);
     assert!(s.receive(10, 20, VIS).is_empty(), "the whole share taken");
 }
+
+/// Groups not yet known slow may take kept places; when their attempts run long and
+/// no slow slot is free, those in kept places move out all the same (once, while the
+/// move's place is there and the group's demoted cap allows), the others stay.
+#[test]
+fn attempts_in_kept_places_move_out_without_a_slow_slot() {
+    let mut s = Scheduler::new(1);
+    // One shared place... but a demoted cap of 3 a group (see `kept`).
+    s.keep_last_slots(kept(1, 5));
+    for id in 0..10 {
+        s.insert(id, "hangs", Some("h"), 256, 0, 0);
+    }
+    let out = s.receive(5, 0, VIS);
+    assert_eq!(ids(&out), vec![0, 1, 2, 3, 4]);
+    for h in &out {
+        assert!(
+            !s.note_slow(h.id, h.receipt, 10, false),
+            "no slow slot free"
+        );
+    }
+    let mut asked = 0;
+    let mut moved = Vec::new();
+    for h in &out {
+        if s.demote_from_kept_place(h.id, h.receipt, || {
+            asked += 1;
+            true
+        }) {
+            moved.push(h.id);
+        }
+    }
+    assert_eq!(moved, vec![1, 2, 3], "the kept ones, up to the demoted cap");
+    assert_eq!(asked, 4, "never asked for the one in the shared place");
+    assert!(
+        !s.demote_from_kept_place(out[1].id, out[1].receipt, || true),
+        "moved once"
+    );
+    assert!(
+        !s.demote_from_kept_place(out[4].id, out[4].receipt, || false),
+        "no place to move to"
+    );
+    // The moved ones no longer count against the worker's places, the two left do.
+    assert_eq!(s.in_flight, 2);
+    assert_eq!(s.groups.values().map(|g| g.demoted).sum::<u32>(), 3);
+}

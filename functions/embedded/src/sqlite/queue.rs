@@ -201,6 +201,17 @@ impl SqliteQueue {
         self.scheduler().note_slow(id, number, now, may_demote)
     }
 
+    /// The attempt for the message of `receipt` was noted slow and kept its worker
+    /// slot, but it took one of the kept ones: demoted if `may_move()` (see
+    /// [`Scheduler::demote_from_kept_place`]). In memory only, as [`Self::note_slow`].
+    pub fn demote_from_kept_place(&self, receipt: &str, may_move: impl FnOnce() -> bool) -> bool {
+        let Some((id, number)) = parse_receipt(receipt) else {
+            return false;
+        };
+        self.scheduler()
+            .demote_from_kept_place(id, number, may_move)
+    }
+
     /// The message of `receipt` was just received: demoted at once if its endpoint's
     /// attempts ran long lately and `may_demote()` (see
     /// [`Scheduler::demote_if_lane_slow`]); whether it was, so that its attempt starts

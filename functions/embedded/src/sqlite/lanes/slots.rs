@@ -181,6 +181,30 @@ impl Scheduler {
         self.lanes[&message.lane].slow_until > now && may_demote() && self.demote(id)
     }
 
+    /// The message `id` (in flight under `receipt`) was noted slow (see
+    /// [`Self::note_slow`]) and not demoted, no slow slot being free, but it was handed
+    /// out into a kept place: demote it all the same if `may_move()` (asked only then:
+    /// it takes a place of the moves out of kept places). Why: a group is known slow
+    /// only once one of its attempts has run long, so tenants whose endpoints hang,
+    /// new ones arriving together, may each take kept places first; when the slow
+    /// slots are all taken, those attempts held the kept places for their whole
+    /// timeout, and another tenant's quick attempt waited 20 s (a fairness test, on a
+    /// loaded machine). Whether it was demoted.
+    pub fn demote_from_kept_place(
+        &mut self,
+        id: MessageId,
+        receipt: u64,
+        may_move: impl FnOnce() -> bool,
+    ) -> bool {
+        let Some(message) = self.messages.get(&id) else {
+            return false;
+        };
+        if !message.in_flight || message.demoted || message.receipt != receipt {
+            return false;
+        }
+        message.in_kept_place && may_move() && self.demote(id)
+    }
+
     /// Demote the message `id` (in flight, not demoted) if its group may have another
     /// demoted: out of its group's share and the shared slots, still against its
     /// lane's cap. Whether it was.

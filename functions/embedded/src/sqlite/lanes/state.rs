@@ -107,6 +107,7 @@ impl Scheduler {
             .get_mut(&group_id)
             .expect("a lane's group")
             .in_flight += 1;
+        let in_kept_place = self.in_flight >= self.slots.shared;
         self.in_flight += 1;
         self.next_receipt = self.next_receipt.wrapping_add(2);
         let receipt = self.next_receipt;
@@ -116,6 +117,7 @@ impl Scheduler {
         message.receipt = receipt;
         message.receive_count += 1;
         message.handed_at = now;
+        message.in_kept_place = in_kept_place;
         let receive_count = message.receive_count;
         self.timers
             .push(Reverse((visible_until, Timer::Expiry(id, receipt))));
