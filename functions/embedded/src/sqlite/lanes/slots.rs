@@ -12,7 +12,7 @@
 //! spraying hanging endpoints gets one probe each, each noted slow after a second
 //! (and at most 100 endpoints a tenant).
 
-use super::{Group, GroupId, Lane, MessageId, Millis, Scheduler};
+use super::{Group, GroupId, Lane, Message, MessageId, Millis, Scheduler};
 
 /// See [`Scheduler::keep_last_slots`].
 #[derive(Debug, Clone, Copy)]
@@ -172,12 +172,9 @@ impl Scheduler {
         now: Millis,
         may_demote: impl FnOnce() -> bool,
     ) -> bool {
-        let Some(message) = self.messages.get(&id) else {
+        let Some(message) = self.undemoted_in_flight(id, receipt) else {
             return false;
         };
-        if !message.in_flight || message.demoted || message.receipt != receipt {
-            return false;
-        }
         self.lanes[&message.lane].slow_until > now && may_demote() && self.demote(id)
     }
 
@@ -196,13 +193,18 @@ impl Scheduler {
         receipt: u64,
         may_move: impl FnOnce() -> bool,
     ) -> bool {
-        let Some(message) = self.messages.get(&id) else {
+        let Some(message) = self.undemoted_in_flight(id, receipt) else {
             return false;
         };
-        if !message.in_flight || message.demoted || message.receipt != receipt {
-            return false;
-        }
         message.in_kept_place && may_move() && self.demote(id)
+    }
+
+    /// The message `id`, if it is in flight under `receipt` and not demoted (a stale
+    /// receipt, a settled message or a demoted one has nothing left to move).
+    fn undemoted_in_flight(&self, id: MessageId, receipt: u64) -> Option<&Message> {
+        self.messages
+            .get(&id)
+            .filter(|m| m.in_flight && !m.demoted && m.receipt == receipt)
     }
 
     /// Demote the message `id` (in flight, not demoted) if its group may have another
