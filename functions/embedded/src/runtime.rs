@@ -83,8 +83,12 @@ const _: () = assert!(SLOW_SLOTS_KEPT_FOR_MOVES < SLOW_SLOTS);
 /// was free: a tenant is known slow only once one of its attempts has run long, so new
 /// tenants whose endpoints hang may take the kept slots first, and with the slow slots
 /// all taken (hanging tenants fill them by design) those attempts held the kept slots
-/// for their whole timeout. Room for four times the kept slots: four such waves of
-/// new hanging tenants within one timeout. Each is a socket, so bounded as well.
+/// for their whole timeout. Room for the kept slots filled four times over within one
+/// timeout. Not a wall: as few as four new tenants fill the kept slots (each may take
+/// [`KEPT_SLOTS_PER_TENANT`]), so about twenty arriving in waves a second or more
+/// apart, with the slow slots full, use the room up, and the kept slots are held again
+/// until a timeout frees one (a hostile test: a quick tenant's webhook waited 21 s).
+/// Each is a socket, so bounded as well.
 pub const KEPT_SLOT_MOVES: usize = KEPT_SLOTS * 4;
 /// Slow slots one tenant may hold: one endpoint at the largest cap fits (so its
 /// neighbours keep their turn), and two tenants must hang to fill them all (the
