@@ -46,6 +46,12 @@ pub const KEPT_SLOTS: usize = 16;
 pub const SHARED_SLOTS: usize = WORKER_SLOTS - KEPT_SLOTS;
 /// Attempts in flight below which a tenant may take a kept slot.
 pub const KEPT_SLOTS_PER_TENANT: usize = 4;
+/// The same for a tenant none of whose endpoints has answered within [`SLOW_AFTER`]
+/// in the last [`SLOW_MEMORY`] (a new one, say): new tenants whose endpoints hang,
+/// arriving together, each took four kept slots before any was known slow, so four of
+/// them filled the kept slots (a hostile test). One each keeps a new tenant's first
+/// attempt starting at once; its next ones get the full share once one ends in time.
+pub const KEPT_SLOTS_PER_UNPROVEN_TENANT: usize = 1;
 /// How long a tenant one of whose attempts ran past [`SLOW_AFTER`] counts as slow:
 /// kept from the kept slots, and held to [`SLOW_TENANTS_SHARE`].
 pub const SLOW_MEMORY: Duration = Duration::from_secs(60);
@@ -84,11 +90,9 @@ const _: () = assert!(SLOW_SLOTS_KEPT_FOR_MOVES < SLOW_SLOTS);
 /// tenants whose endpoints hang may take the kept slots first, and with the slow slots
 /// all taken (hanging tenants fill them by design) those attempts held the kept slots
 /// for their whole timeout. Room for the kept slots filled four times over within one
-/// timeout. Not a wall: as few as four new tenants fill the kept slots (each may take
-/// [`KEPT_SLOTS_PER_TENANT`]), so about twenty arriving in waves a second or more
-/// apart, with the slow slots full, use the room up, and the kept slots are held again
-/// until a timeout frees one (a hostile test: a quick tenant's webhook waited 21 s).
-/// Each is a socket, so bounded as well.
+/// timeout: with [`KEPT_SLOTS_PER_UNPROVEN_TENANT`], 64 new hanging tenants arriving
+/// in waves, once the slow slots are full. Not a wall: past that the kept slots are
+/// held again until a timeout frees one. Each is a socket, so bounded as well.
 pub const KEPT_SLOT_MOVES: usize = KEPT_SLOTS * 4;
 /// Slow slots one tenant may hold: one endpoint at the largest cap fits (so its
 /// neighbours keep their turn), and two tenants must hang to fill them all (the
@@ -99,6 +103,7 @@ pub fn kept_slots() -> crate::sqlite::KeptSlots {
     crate::sqlite::KeptSlots {
         shared: SHARED_SLOTS as u32,
         floor: KEPT_SLOTS_PER_TENANT as u32,
+        unproven_floor: KEPT_SLOTS_PER_UNPROVEN_TENANT as u32,
         slow_memory: SLOW_MEMORY.as_millis() as i64,
         quick_within: SLOW_AFTER.as_millis() as i64,
         demoted_per_group: SLOW_SLOTS_PER_TENANT as u32,

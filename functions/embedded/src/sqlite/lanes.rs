@@ -112,6 +112,9 @@ struct Group {
     slow_in_flight: u32,
     /// Until when it counts as slow: one of its attempts ran long lately.
     slow_until: Millis,
+    /// Until when it counts as proven quick: one of its lanes' attempts ended in time
+    /// lately (see `KeptSlots::unproven_floor`).
+    quick_until: Millis,
     /// Its lanes, empty ones kept for what they proved included.
     lanes: u32,
 }

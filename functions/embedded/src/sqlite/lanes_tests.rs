@@ -8,6 +8,7 @@ fn kept(shared: u32, floor: u32) -> KeptSlots {
     KeptSlots {
         shared,
         floor,
+        unproven_floor: floor,
         slow_memory: 1_000,
         quick_within: 100,
         demoted_per_group: 3,
@@ -475,4 +476,32 @@ fn attempts_in_kept_places_move_out_without_a_slow_slot() {
     // The moved ones no longer count against the worker's places, the two left do.
     assert_eq!(s.in_flight, 2);
     assert_eq!(s.groups.values().map(|g| g.demoted).sum::<u32>(), 3);
+}
+
+/// Past the shared places, a group none of whose lanes has proven quick lately gets
+/// `unproven_floor` kept places, not `floor`: new groups whose endpoints hang cannot
+/// each take `floor` of them before any is known slow. One attempt ended in time
+/// proves the group, which then gets `floor`.
+#[test]
+fn groups_not_yet_proven_quick_get_fewer_kept_places() {
+    let mut s = Scheduler::new(1);
+    s.keep_last_slots(KeptSlots {
+        unproven_floor: 1,
+        ..kept(1, 3)
+    });
+    for id in 0..10 {
+        s.insert(id, "first", Some("f"), 256, 0, 0);
+        s.insert(100 + id, "new", Some("n"), 256, 0, 0);
+    }
+    let mut out = s.receive(10, 0, VIS);
+    out.sort_by_key(|h| h.id);
+    // The one shared place, then a kept place for a group with nothing in flight.
+    assert_eq!(ids(&out), vec![0, 100]);
+    assert!(s.receive(10, 0, VIS).is_empty());
+    // The new group's attempt ends in time (within 100 ms): proven, it may have
+    // three in flight.
+    let new = out.iter().find(|h| h.id == 100).unwrap();
+    assert!(s.remove(new.id, new.receipt, 50));
+    assert_eq!(ids(&s.receive(10, 50, VIS)), vec![101, 102, 103]);
+    assert!(s.receive(10, 50, VIS).is_empty());
 }

@@ -21,6 +21,10 @@ pub struct KeptSlots {
     /// with fewer than `floor` in flight that have not been slow for `slow_memory`.
     pub shared: u32,
     pub floor: u32,
+    /// `floor` for a group none of whose lanes has proven quick lately: a group is
+    /// known slow only once an attempt has run long, so new groups whose endpoints
+    /// hang, arriving together, take kept places first, each as many as it may.
+    pub unproven_floor: u32,
     pub slow_memory: Millis,
     /// An attempt settled sooner than this after it was handed out proves its lane
     /// quick (for `slow_memory`).
@@ -44,8 +48,10 @@ pub struct KeptSlots {
 /// The places a message may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Places {
-    /// A group not slow lately: the shared places, or a kept one while it is light.
-    Any,
+    /// A group not slow lately: the shared places, or a kept one while it is light
+    /// (`proven`: one of its lanes proved quick lately, so `floor` applies, not
+    /// `unproven_floor`).
+    Any { proven: bool },
     /// A lane of a group slow lately, proven quick or on its probe: the shared places
     /// (never a kept one: those are for groups not slow lately).
     Shared,
@@ -59,6 +65,7 @@ impl KeptSlots {
     pub(super) const NONE: Self = Self {
         shared: u32::MAX,
         floor: 0,
+        unproven_floor: 0,
         slow_memory: 0,
         quick_within: 0,
         demoted_per_group: u32::MAX,
@@ -77,7 +84,9 @@ impl Scheduler {
     /// Which places a message of `lane` may take now.
     pub(super) fn places_for(group: &Group, lane: &Lane, now: Millis) -> Places {
         if group.slow_until <= now {
-            return Places::Any;
+            return Places::Any {
+                proven: group.quick_until > now,
+            };
         }
         let slow = lane.slow_until > now;
         let quick = lane.quick_until > now && !slow;
@@ -93,7 +102,14 @@ impl Scheduler {
     pub(super) fn may_take(&self, group: &Group, places: Places) -> bool {
         let shared = self.in_flight < self.slots.shared;
         match places {
-            Places::Any => shared || group.in_flight < self.slots.floor,
+            Places::Any { proven } => {
+                let floor = if proven {
+                    self.slots.floor
+                } else {
+                    self.slots.unproven_floor
+                };
+                shared || group.in_flight < floor
+            }
             Places::Shared => shared,
             Places::SlowShare => {
                 shared
@@ -232,6 +248,8 @@ impl Scheduler {
         if now - message.handed_at < self.slots.quick_within {
             let lane = self.lanes.get_mut(&message.lane).expect("a message's lane");
             lane.quick_until = now + self.slots.slow_memory;
+            let group = self.groups.get_mut(&lane.group).expect("a lane's group");
+            group.quick_until = now + self.slots.slow_memory;
         }
     }
 

@@ -217,6 +217,7 @@ impl Scheduler {
                         demoted: 0,
                         slow_in_flight: 0,
                         slow_until: Millis::MIN,
+                        quick_until: Millis::MIN,
                         lanes: 0,
                     },
                 );
