@@ -210,7 +210,7 @@ impl entrega_http::api::Publisher for PublishAndFanOut {
             }
         }
         self.store
-            .publish_with_deliveries(event, planned, endpoints.clone(), &self.queue)
+            .publish_with_deliveries(event, planned, endpoints, &self.queue)
             .await
     }
 }

@@ -139,11 +139,11 @@ pub(super) struct NewDelivery {
 }
 
 impl NewDelivery {
-    pub(super) fn of(delivery: &Delivery) -> Result<Self, DbError> {
+    pub(super) fn of(delivery: Delivery) -> Result<Self, DbError> {
         Ok(Self {
-            json: serde_json::to_string(delivery)?,
-            due: due_at(delivery),
-            delivery: delivery.clone(),
+            json: serde_json::to_string(&delivery)?,
+            due: due_at(&delivery),
+            delivery,
         })
     }
 
@@ -209,7 +209,7 @@ impl DeliveryStore for SqliteStore {
         &self,
         delivery: &Delivery,
     ) -> StoreResult<(Delivery, bool)> {
-        let new = NewDelivery::of(delivery)?;
+        let new = NewDelivery::of(delivery.clone())?;
         self.db.call(move |conn| new.insert_if_absent(conn)).await
     }
 

@@ -104,7 +104,7 @@ impl SqliteStore {
             soft_limit: self.db.publish_page_limit(),
             deliveries: deliveries
                 .into_iter()
-                .map(|p| Ok((NewDelivery::of(&p.delivery)?, p.first_message)))
+                .map(|p| Ok((NewDelivery::of(p.delivery)?, p.first_message)))
                 .collect::<Result<_, DbError>>()?,
             endpoints,
             queue: queue.name(),

@@ -47,6 +47,11 @@ fn millis(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
+/// `delay` after `now` (both as rows store times, unix ms).
+fn after(now: i64, delay: Duration) -> i64 {
+    now + delay.as_millis() as i64
+}
+
 /// Messages to store in a queue, as a write's step.
 #[derive(Clone)]
 pub(super) struct QueueRows(Arc<Vec<OutgoingMessage>>);
@@ -70,7 +75,7 @@ impl QueueRows {
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
         for m in self.0.iter() {
-            let visible_at = now + m.delay.as_millis() as i64;
+            let visible_at = after(now, m.delay);
             stmt.execute(params![
                 name,
                 m.body,
@@ -113,7 +118,7 @@ impl SqliteQueue {
         {
             let mut scheduler = self.scheduler();
             for (id, m) in ids.into_iter().zip(rows.0.iter()) {
-                let visible_at = now + m.delay.as_millis() as i64;
+                let visible_at = after(now, m.delay);
                 scheduler.insert(
                     id,
                     &m.group,
@@ -267,9 +272,7 @@ impl MessageQueue for SqliteQueue {
             return Ok(Vec::new());
         }
         let now = millis(self.clock.now());
-        let handouts: Vec<Handout> =
-            self.scheduler()
-                .receive(max, now, now + visibility.as_millis() as i64);
+        let handouts: Vec<Handout> = self.scheduler().receive(max, now, after(now, visibility));
         if handouts.is_empty() {
             return Ok(Vec::new());
         }
@@ -301,7 +304,7 @@ impl MessageQueue for SqliteQueue {
             return Ok(());
         };
         let now = millis(self.clock.now());
-        let visible_at = now + delay.as_millis() as i64;
+        let visible_at = after(now, delay);
         if !self
             .scheduler()
             .change_visibility(id, number, visible_at, now)
