@@ -2,7 +2,8 @@
 //!
 //! A delivery item lives in its day's partition of the table (the admin's all-tenant
 //! log is the table itself), and is indexed by tenant and endpoint ([`keys`]) and,
-//! while it waits, by due time (the sweeper's index). An event's deliveries need no
+//! while it waits past its first minutes, by due time (the sweeper's index,
+//! [`super::due_scan`]). An event's deliveries need no
 //! index of their own: their ids start with the event's creation time and a hash of
 //! its id, so they are the tenant's log entries that start so.
 //! Attempts live in the delivery's own partition, so "the row plus every attempt" is
@@ -53,8 +54,12 @@ impl DynamoStore {
         if d.state.is_terminal() {
             item.insert(TTL_ATTRIBUTE.to_owned(), self.expires_at());
         }
-        // Only while it waits: the write that ends the wait takes it out of the index.
-        if let Some(due) = d.due_at() {
+        // Only while it waits, and not while young (the sweeper's scan indexes it if
+        // it still waits then, `due_scan`): the write that ends the wait takes it out.
+        if let Some(due) = d
+            .due_at()
+            .filter(|_| !due_scan::is_young(&d.id, self.clock.now()))
+        {
             item.extend([
                 (keys::BY_DUE.pk.to_owned(), s(keys::due(&d.id))),
                 (
@@ -390,6 +395,8 @@ impl DeliveryStore for DynamoStore {
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
+        // Deliveries written while young wait outside the index: in with them first.
+        self.index_left_out(before).await?;
         let end = keys::due_slot(before.timestamp_millis());
         let mut entries: Vec<Item> = Vec::new();
         // One page per shard is enough: each is asked for the whole limit (keys only, a

@@ -37,7 +37,8 @@
 //! | a delivery's failures (resend acknowledges them) | gsi4 `FD#<delivery>` | Query + BatchGet |
 //! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
-//! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..3f>`, `sk` = 10-minute slot; sparse | Query each shard below the cutoff slot + BatchGet |
+//! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..3f>`, `sk` = 10-minute slot; sparse, and not entered while young | Query each shard below the cutoff slot + BatchGet |
+//! | deliveries left out of the due index while young, still waiting (sweeper, first) | main `D#<day>#<0..3f>` from `DUE_SCAN_CURSOR` to the cutoff | Query each shard with a filter; UpdateItem of the due keys, conditional on `version`; Update of the cursor, forward only |
 //! | leave a swept delivery out of the sweeper's question (`postpone_sweep`) | gsi5 `sk` of its item, main `D#<day>#<0..3f>` | UpdateItem of the sort key only, conditional on `version` |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
@@ -56,6 +57,7 @@
 
 mod backlog;
 mod deliveries;
+mod due_scan;
 mod endpoints;
 mod events;
 mod failures;
@@ -112,6 +114,8 @@ pub struct DynamoStore {
     clock: Arc<dyn Clock>,
     /// How long deliveries, attempts and failures are kept (TTL), in days.
     retention_days: i64,
+    /// The sweeper's scan: waiting deliveries indexed a run, per day shard.
+    left_out_per_shard: usize,
 }
 
 impl DynamoStore {
@@ -128,6 +132,7 @@ impl DynamoStore {
             outbox_table: outbox_table.into(),
             clock,
             retention_days,
+            left_out_per_shard: due_scan::LEFT_OUT_PER_SHARD,
         }
     }
 

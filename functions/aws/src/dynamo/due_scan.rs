@@ -1,0 +1,265 @@
+//! Young deliveries stay out of the due index; the sweeper indexes the ones still
+//! waiting once they are old enough to be overdue.
+//!
+//! Nearly every delivery is settled within seconds of its creation. Entering the due
+//! index when created and leaving it when delivered cost two index writes a delivery
+//! (2 of its 11 write units) for a question the sweeper asks only of deliveries
+//! waiting longer than its grace. So a delivery written while young ([`is_young`]:
+//! its id's time, the event's, less than [`YOUNG_FOR`] ago) is not indexed as
+//! waiting, and before each sweep [`DynamoStore::index_left_out`] reads the day
+//! partitions (the delivery items themselves, sorted by id and so by time) from a
+//! cursor up to the sweeper's cutoff, and indexes what it finds still waiting and
+//! unindexed. Each delivery is read there once, with eventually consistent reads of
+//! items under 1 KiB: about a tenth of a read unit, for two write units saved.
+//!
+//! Why nothing waiting is missed: a write that leaves a delivery unindexed happens
+//! less than [`YOUNG_FOR`] after the id's time, and the scan reaches an id only
+//! [`SWEEP_GRACE`](entrega_core::handlers::sweep::SWEEP_GRACE) after it, later than any such write (the gap between the two,
+//! five minutes, covers the lag of an eventually consistent read and the clocks of
+//! two functions); a write after that indexes the delivery itself. The cursor moves
+//! only past what was read and indexed, and is never moved back.
+
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use entrega_core::ids::DeliveryId;
+use entrega_core::ports::StoreResult;
+
+use super::*;
+
+/// A delivery whose id's time is less than this long ago is written without its due
+/// index entry. Less than [`SWEEP_GRACE`](entrega_core::handlers::sweep::SWEEP_GRACE), the age at which the scan reads it.
+pub const YOUNG_FOR: ChronoDuration = ChronoDuration::minutes(10);
+/// An id's time up to this far ahead of the writer's clock still counts as young (a
+/// producer's clock a little fast); further ahead, the delivery is indexed at once,
+/// so a lost message does not wait for the scan to reach a far future day.
+const YOUNG_AHEAD: ChronoDuration = ChronoDuration::minutes(5);
+/// Query pages of one shard one run reads at most. A page is 1 MB of items read
+/// (about 1 400 delivery items), but only the few still waiting come back (the filter
+/// runs in DynamoDB), so a page is quick: 64 pages of each of the 64 shards are about
+/// 5.8 million deliveries a run, 19 000 a second between five-minute runs.
+const SCAN_PAGES_PER_SHARD: usize = 64;
+/// Waiting deliveries one run indexes at most from one shard (4 096 in all): bounds a
+/// run's memory and time behind a backlog that waits (a dead endpoint); the next run
+/// goes on from the last one indexed. [`DynamoStore::with_left_out_per_shard`] changes
+/// it (tests reach the bound with a few deliveries).
+pub const LEFT_OUT_PER_SHARD: usize = 64;
+/// Shards read side by side.
+const SHARDS_AT_ONCE: usize = 16;
+/// How far back a first scan (no cursor yet) starts: the retention, as a delivery
+/// older than that is gone, and any younger one may have been written unindexed.
+const FIRST_SCAN_DAYS_MAX: i64 = 31;
+/// Index writes sent at once (each an UpdateItem of its own).
+const INDEX_AT_ONCE: usize = 16;
+
+/// Whether a delivery written at `now` is left out of the due index.
+pub fn is_young(id: &DeliveryId, now: DateTime<Utc>) -> bool {
+    let age_ms = now.timestamp_millis() - id.timestamp_ms();
+    age_ms < YOUNG_FOR.num_milliseconds() && -age_ms <= YOUNG_AHEAD.num_milliseconds()
+}
+
+/// What the scan of one shard found.
+struct ShardScan {
+    /// Waiting deliveries with no due index entry.
+    left_out: Vec<Item>,
+    /// Where the page budget ran out, if it did: the last key read.
+    stopped_at: Option<String>,
+}
+
+impl DynamoStore {
+    /// This store, its sweeper's scan indexing at most `n` waiting deliveries of a
+    /// shard a run (at least 1).
+    pub fn with_left_out_per_shard(mut self, n: usize) -> Self {
+        self.left_out_per_shard = n.max(1);
+        self
+    }
+
+    /// Index every waiting delivery left out of the due index whose id's time is
+    /// before `before`, from the stored cursor on; then move the cursor.
+    pub(super) async fn index_left_out(&self, before: DateTime<Utc>) -> StoreResult<()> {
+        let end = keys::delivery_ids_of_ms(before.timestamp_millis());
+        let days_back = self.retention_days.clamp(1, FIRST_SCAN_DAYS_MAX);
+        let cursor = match self.scan_cursor().await? {
+            Some(cursor) => cursor,
+            None => keys::delivery_ids_of_ms(
+                (before - ChronoDuration::days(days_back)).timestamp_millis(),
+            ),
+        };
+        if cursor >= end {
+            return Ok(());
+        }
+        let mut day_ms = keys::ms_of_delivery_key(&cursor).unwrap_or_default();
+        let mut reached = end.clone();
+        let mut left_out = Vec::new();
+        while keys::day(day_ms) <= keys::day(before.timestamp_millis()) {
+            let day = keys::day(day_ms);
+            let shards: Vec<u8> = (0..keys::DAY_SHARDS).collect();
+            let mut stopped = false;
+            for some in shards.chunks(SHARDS_AT_ONCE) {
+                let scans = some
+                    .iter()
+                    .map(|shard| self.scan_shard(keys::sharded(&day, *shard), &cursor, &end));
+                for scan in futures_util::future::join_all(scans).await {
+                    let scan = scan?;
+                    left_out.extend(scan.left_out);
+                    if let Some(at) = scan.stopped_at {
+                        stopped = true;
+                        reached = reached.min(at);
+                    }
+                }
+            }
+            if stopped {
+                break;
+            }
+            day_ms += ChronoDuration::days(1).num_milliseconds();
+        }
+        for chunk in left_out.chunks(INDEX_AT_ONCE) {
+            let writes = chunk.iter().map(|item| self.index_as_waiting(item));
+            for written in futures_util::future::join_all(writes).await {
+                written?;
+            }
+        }
+        self.move_scan_cursor(&cursor, &reached).await
+    }
+
+    /// One shard of one day from `from` to `end`: the waiting deliveries without a due
+    /// index entry (settled ones carry their TTL, paused ones their paused entry).
+    async fn scan_shard(&self, pk: String, from: &str, end: &str) -> StoreResult<ShardScan> {
+        let mut scan = ShardScan {
+            left_out: Vec::new(),
+            stopped_at: None,
+        };
+        let mut start: Option<Item> = None;
+        for _ in 0..SCAN_PAGES_PER_SHARD {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.main_table)
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :end")
+                .filter_expression("attribute_not_exists(#ttl) AND attribute_not_exists(#due)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
+                .expression_attribute_names("#due", keys::BY_DUE.pk)
+                .expression_attribute_values(":pk", s(pk.clone()))
+                .expression_attribute_values(":from", s(from))
+                .expression_attribute_values(":end", s(end))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(backend)?;
+            scan.left_out.extend(out.items().iter().cloned());
+            if scan.left_out.len() >= self.left_out_per_shard {
+                // Enough for one run: the next goes on from the last one kept (read
+                // again there, it is indexed by then, so the filter leaves it out).
+                scan.left_out.truncate(self.left_out_per_shard);
+                scan.stopped_at = scan
+                    .left_out
+                    .last()
+                    .and_then(|i| get_s(i, SK))
+                    .map(str::to_owned);
+                return Ok(scan);
+            }
+            match out.last_evaluated_key() {
+                Some(last) => {
+                    scan.stopped_at = get_s(last, SK).map(str::to_owned);
+                    start = Some(last.clone());
+                }
+                None => {
+                    scan.stopped_at = None;
+                    return Ok(scan);
+                }
+            }
+        }
+        Ok(scan)
+    }
+
+    /// Give a delivery found waiting its due index entry, on the version read: a write
+    /// since then decided its own entry.
+    async fn index_as_waiting(&self, item: &Item) -> StoreResult<()> {
+        let delivery: entrega_core::delivery::Delivery = from_json(item)?;
+        let Some(due) = delivery.due_at() else {
+            return Ok(());
+        };
+        let (pk, sk) = keys::delivery(&delivery.id);
+        let written = self
+            .client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key_of(pk, sk)))
+            .update_expression("SET #duepk = :duepk, #duesk = :slot")
+            .condition_expression("#v = :version AND attribute_not_exists(#duepk)")
+            .expression_attribute_names("#duepk", keys::BY_DUE.pk)
+            .expression_attribute_names("#duesk", keys::BY_DUE.sk)
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_values(":duepk", s(keys::due(&delivery.id)))
+            .expression_attribute_values(":slot", s(keys::due_slot(due.timestamp_millis())))
+            .expression_attribute_values(":version", n(delivery.version))
+            .send()
+            .await;
+        match written {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failure(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn scan_cursor(&self) -> StoreResult<Option<String>> {
+        Ok(self
+            .get_main(keys::DUE_SCAN_CURSOR.to_owned())
+            .await?
+            .and_then(|item| get_s(&item, "cursor").map(str::to_owned)))
+    }
+
+    /// Move the cursor from `read` to `to`, only forward: two sweeps at once (a slow
+    /// run overlapping the next) leave the further of the two.
+    async fn move_scan_cursor(&self, read: &str, to: &str) -> StoreResult<()> {
+        if to <= read {
+            return Ok(());
+        }
+        let moved = self
+            .client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(keys::DUE_SCAN_CURSOR.to_owned())))
+            .update_expression("SET #c = :to")
+            .condition_expression("attribute_not_exists(#c) OR #c < :to")
+            .expression_attribute_names("#c", "cursor")
+            .expression_attribute_values(":to", s(to))
+            .send()
+            .await;
+        match moved {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failure(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use entrega_core::handlers::sweep::SWEEP_GRACE;
+    use entrega_core::ids::{EndpointId, EventId};
+
+    #[test]
+    fn the_scan_reaches_an_id_only_after_every_write_that_leaves_it_out() {
+        // The margin between the two covers read lag and clock skew.
+        assert!(SWEEP_GRACE - YOUNG_FOR >= ChronoDuration::minutes(5));
+    }
+
+    #[test]
+    fn young_is_the_ids_time_within_the_window_around_now() {
+        let now = Utc::now();
+        let id_at = |at: DateTime<Utc>| {
+            DeliveryId::for_event(
+                &EventId::generate(),
+                &EndpointId::generate(),
+                at.timestamp_millis(),
+            )
+        };
+        assert!(is_young(&id_at(now), now));
+        assert!(is_young(&id_at(now - ChronoDuration::minutes(9)), now));
+        assert!(!is_young(&id_at(now - ChronoDuration::minutes(10)), now));
+        assert!(is_young(&id_at(now + ChronoDuration::minutes(5)), now));
+        assert!(!is_young(&id_at(now + ChronoDuration::minutes(6)), now));
+    }
+}
