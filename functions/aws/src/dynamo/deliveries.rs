@@ -23,7 +23,12 @@ impl DynamoStore {
     /// A delivery item: the record and its version (for conditional writes), and its
     /// index keys. The filter fields are read from the record itself, so the item
     /// carries nothing twice and stays under 1 KiB (one write unit).
-    fn delivery_item(&self, d: &Delivery) -> Item {
+    async fn delivery_item(&self, d: &Delivery) -> StoreResult<Item> {
+        let now = self.clock.now();
+        let young = due_scan::is_young(&d.id, now);
+        if young {
+            self.before_unindexed_write(now).await?;
+        }
         let (pk, sk) = keys::delivery(&d.id);
         let mut item = key_of(pk, sk);
         let id = d.id.as_str();
@@ -56,10 +61,7 @@ impl DynamoStore {
         }
         // Only while it waits, and not while young (the sweeper's scan indexes it if
         // it still waits then, `due_scan`): the write that ends the wait takes it out.
-        if let Some(due) = d
-            .due_at()
-            .filter(|_| !due_scan::is_young(&d.id, self.clock.now()))
-        {
+        if let Some(due) = d.due_at().filter(|_| !young) {
             item.extend([
                 (keys::BY_DUE.pk.to_owned(), s(keys::due(&d.id))),
                 (
@@ -80,7 +82,7 @@ impl DynamoStore {
                 (keys::BY_DUE.sk.to_owned(), s(id)),
             ]);
         }
-        item
+        Ok(item)
     }
 
     fn attempt_item(&self, a: &Attempt) -> Item {
@@ -171,7 +173,7 @@ impl DeliveryStore for DynamoStore {
             .client
             .put_item()
             .table_name(&self.main_table)
-            .set_item(Some(self.delivery_item(delivery)))
+            .set_item(Some(self.delivery_item(delivery).await?))
             .condition_expression("attribute_not_exists(pk)")
             .send()
             .await;
@@ -209,7 +211,7 @@ impl DeliveryStore for DynamoStore {
         self.client
             .put_item()
             .table_name(&self.main_table)
-            .set_item(Some(self.delivery_item(&next)))
+            .set_item(Some(self.delivery_item(&next).await?))
             .condition_expression("#v = :expected")
             .expression_attribute_names("#v", "version")
             .expression_attribute_values(":expected", n(delivery.version))
@@ -396,7 +398,11 @@ impl DeliveryStore for DynamoStore {
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
         // Deliveries written while young wait outside the index: in with them first.
-        self.index_left_out(before).await?;
+        // A failed scan leaves the index as it was, and this run still sweeps what the
+        // index holds; the next run scans again from the same cursor.
+        if let Err(e) = self.index_left_out(before).await {
+            tracing::error!(error = %e, "the sweeper's scan for deliveries left out of the due index failed; the next run retries");
+        }
         let end = keys::due_slot(before.timestamp_millis());
         let mut entries: Vec<Item> = Vec::new();
         // One page per shard is enough: each is asked for the whole limit (keys only, a

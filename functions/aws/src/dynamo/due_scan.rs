@@ -15,9 +15,12 @@
 //! Why nothing waiting is missed: a write that leaves a delivery unindexed happens
 //! less than [`YOUNG_FOR`] after the id's time, and the scan reaches an id only
 //! [`SWEEP_GRACE`](entrega_core::handlers::sweep::SWEEP_GRACE) after it, later than any such write (the gap between the two,
-//! five minutes, covers the lag of an eventually consistent read and the clocks of
+//! ten minutes, covers the lag of an eventually consistent read and the clocks of
 //! two functions); a write after that indexes the delivery itself. The cursor moves
-//! only past what was read and indexed, and is never moved back.
+//! only past what was read and indexed, and is never moved back. It is made by the
+//! first write that leaves a delivery out (once per process), just below that write's
+//! young ids, so with no cursor there is nothing to scan. A run's reads are bounded
+//! in pages and time, and it keeps its progress a day at a time.
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use entrega_core::ids::DeliveryId;
@@ -26,29 +29,32 @@ use entrega_core::ports::StoreResult;
 use super::*;
 
 /// A delivery whose id's time is less than this long ago is written without its due
-/// index entry. Less than [`SWEEP_GRACE`](entrega_core::handlers::sweep::SWEEP_GRACE), the age at which the scan reads it.
-pub const YOUNG_FOR: ChronoDuration = ChronoDuration::minutes(10);
+/// index entry. Ten minutes less than [`SWEEP_GRACE`], the age at which the scan reads
+/// it: the margin covers the clocks of two functions and a read's lag.
+pub const YOUNG_FOR: ChronoDuration = ChronoDuration::minutes(5);
 /// An id's time up to this far ahead of the writer's clock still counts as young (a
 /// producer's clock a little fast); further ahead, the delivery is indexed at once,
 /// so a lost message does not wait for the scan to reach a far future day.
 const YOUNG_AHEAD: ChronoDuration = ChronoDuration::minutes(5);
-/// Query pages of one shard one run reads at most. A page is 1 MB of items read
-/// (about 1 400 delivery items), but only the few still waiting come back (the filter
-/// runs in DynamoDB), so a page is quick: 64 pages of each of the 64 shards are about
-/// 5.8 million deliveries a run, 19 000 a second between five-minute runs.
-const SCAN_PAGES_PER_SHARD: usize = 64;
-/// Waiting deliveries one run indexes at most from one shard (4 096 in all): bounds a
-/// run's memory and time behind a backlog that waits (a dead endpoint); the next run
-/// goes on from the last one indexed. [`DynamoStore::with_left_out_per_shard`] changes
-/// it (tests reach the bound with a few deliveries).
+/// Query pages one run reads at most, all shards and days together. A page is 1 MB of
+/// items read (about 1 400 delivery items), but only the few still waiting come back
+/// (the filter runs in DynamoDB), so pages are quick: 4 096 are about 5.7 million
+/// deliveries, 19 000 a second between five-minute runs.
+const SCAN_PAGES_PER_RUN: usize = 4_096;
+/// How long one run's scan may take before it stops where it is (the sweeper's
+/// function has 30 s, and its own work comes after).
+const SCAN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+/// Waiting deliveries one run indexes at most from one shard of one day: bounds a
+/// run's memory behind a backlog that waits (a dead endpoint); the next run goes on
+/// from the last one indexed. [`DynamoStore::with_left_out_per_shard`] changes it
+/// (tests reach the bound with a few deliveries).
 pub const LEFT_OUT_PER_SHARD: usize = 64;
 /// Shards read side by side.
 const SHARDS_AT_ONCE: usize = 16;
-/// How far back a first scan (no cursor yet) starts: the retention, as a delivery
-/// older than that is gone, and any younger one may have been written unindexed.
-const FIRST_SCAN_DAYS_MAX: i64 = 31;
 /// Index writes sent at once (each an UpdateItem of its own).
 const INDEX_AT_ONCE: usize = 16;
+/// Milliseconds in a (UTC) day partition.
+const DAY_MS: i64 = 86_400_000;
 
 /// Whether a delivery written at `now` is left out of the due index.
 pub fn is_young(id: &DeliveryId, now: DateTime<Utc>) -> bool {
@@ -60,75 +66,118 @@ pub fn is_young(id: &DeliveryId, now: DateTime<Utc>) -> bool {
 struct ShardScan {
     /// Waiting deliveries with no due index entry.
     left_out: Vec<Item>,
-    /// Where the page budget ran out, if it did: the last key read.
+    /// Where the scan stopped before the shard's end (its budget ran out): the last
+    /// key read, or where it was to start if it read nothing.
     stopped_at: Option<String>,
 }
 
+/// What one run may still read: pages, and time.
+struct RunBudget {
+    pages: std::sync::atomic::AtomicUsize,
+    until: std::time::Instant,
+}
+
+impl RunBudget {
+    fn new() -> Self {
+        Self {
+            pages: std::sync::atomic::AtomicUsize::new(SCAN_PAGES_PER_RUN),
+            until: std::time::Instant::now() + SCAN_TIME,
+        }
+    }
+
+    /// Take one page, if the run has one left.
+    fn take_page(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        std::time::Instant::now() < self.until
+            && self
+                .pages
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1))
+                .is_ok()
+    }
+
+    fn spent(&self) -> bool {
+        std::time::Instant::now() >= self.until
+            || self.pages.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+}
+
 impl DynamoStore {
-    /// This store, its sweeper's scan indexing at most `n` waiting deliveries of a
-    /// shard a run (at least 1).
+    /// This store, its sweeper's scan indexing at most `n` waiting deliveries of one
+    /// shard of one day a run (at least 1).
     pub fn with_left_out_per_shard(mut self, n: usize) -> Self {
         self.left_out_per_shard = n.max(1);
         self
     }
 
     /// Index every waiting delivery left out of the due index whose id's time is
-    /// before `before`, from the stored cursor on; then move the cursor.
+    /// before `before` (and before this store's clock less [`SWEEP_GRACE`], so that no
+    /// write leaving one out can come after), from the stored cursor on, a day at a
+    /// time; after each day, move the cursor, so a run cut short keeps its progress.
     pub(super) async fn index_left_out(&self, before: DateTime<Utc>) -> StoreResult<()> {
-        let end = keys::delivery_ids_of_ms(before.timestamp_millis());
-        let days_back = self.retention_days.clamp(1, FIRST_SCAN_DAYS_MAX);
-        let cursor = match self.scan_cursor().await? {
-            Some(cursor) => cursor,
-            None => keys::delivery_ids_of_ms(
-                (before - ChronoDuration::days(days_back)).timestamp_millis(),
-            ),
-        };
-        if cursor >= end {
+        let latest = self.clock.now() - entrega_core::handlers::sweep::SWEEP_GRACE;
+        let end = keys::delivery_ids_of_ms(before.min(latest).timestamp_millis());
+        // No cursor: no delivery was ever written unindexed (the first such write
+        // sets it), so there is nothing to scan.
+        let Some(mut cursor) = self.scan_cursor().await? else {
             return Ok(());
-        }
-        let mut day_ms = keys::ms_of_delivery_key(&cursor).unwrap_or_default();
-        let mut reached = end.clone();
-        let mut left_out = Vec::new();
-        while keys::day(day_ms) <= keys::day(before.timestamp_millis()) {
+        };
+        let budget = RunBudget::new();
+        while cursor < end && !budget.spent() {
+            let day_ms = keys::ms_of_delivery_key(&cursor).unwrap_or_default();
             let day = keys::day(day_ms);
+            let next_day = keys::delivery_ids_of_ms((day_ms.div_euclid(DAY_MS) + 1) * DAY_MS);
+            let day_end = next_day.min(end.clone());
+            let mut reached = day_end.clone();
             let shards: Vec<u8> = (0..keys::DAY_SHARDS).collect();
-            let mut stopped = false;
             for some in shards.chunks(SHARDS_AT_ONCE) {
-                let scans = some
-                    .iter()
-                    .map(|shard| self.scan_shard(keys::sharded(&day, *shard), &cursor, &end));
+                let scans = some.iter().map(|shard| {
+                    self.scan_shard(keys::sharded(&day, *shard), &cursor, &end, &budget)
+                });
+                let mut left_out = Vec::new();
                 for scan in futures_util::future::join_all(scans).await {
                     let scan = scan?;
                     left_out.extend(scan.left_out);
                     if let Some(at) = scan.stopped_at {
-                        stopped = true;
                         reached = reached.min(at);
                     }
                 }
+                self.index_all(&left_out).await?;
             }
-            if stopped {
+            self.move_scan_cursor(&cursor, &reached).await?;
+            if reached < day_end {
+                // Stopped within the day: the next run goes on from there.
                 break;
             }
-            day_ms += ChronoDuration::days(1).num_milliseconds();
+            cursor = reached;
         }
+        Ok(())
+    }
+
+    async fn index_all(&self, left_out: &[Item]) -> StoreResult<()> {
         for chunk in left_out.chunks(INDEX_AT_ONCE) {
             let writes = chunk.iter().map(|item| self.index_as_waiting(item));
             for written in futures_util::future::join_all(writes).await {
                 written?;
             }
         }
-        self.move_scan_cursor(&cursor, &reached).await
+        Ok(())
     }
 
     /// One shard of one day from `from` to `end`: the waiting deliveries without a due
     /// index entry (settled ones carry their TTL, paused ones their paused entry).
-    async fn scan_shard(&self, pk: String, from: &str, end: &str) -> StoreResult<ShardScan> {
+    async fn scan_shard(
+        &self,
+        pk: String,
+        from: &str,
+        end: &str,
+        budget: &RunBudget,
+    ) -> StoreResult<ShardScan> {
         let mut scan = ShardScan {
             left_out: Vec::new(),
-            stopped_at: None,
+            stopped_at: Some(from.to_owned()),
         };
         let mut start: Option<Item> = None;
-        for _ in 0..SCAN_PAGES_PER_SHARD {
+        while budget.take_page() {
             let out = self
                 .client
                 .query()
@@ -175,7 +224,15 @@ impl DynamoStore {
     /// Give a delivery found waiting its due index entry, on the version read: a write
     /// since then decided its own entry.
     async fn index_as_waiting(&self, item: &Item) -> StoreResult<()> {
-        let delivery: entrega_core::delivery::Delivery = from_json(item)?;
+        let delivery: entrega_core::delivery::Delivery = match from_json(item) {
+            Ok(delivery) => delivery,
+            Err(e) => {
+                // One unreadable item must not stop every later run: it is left out
+                // (nothing could deliver it either) and said so.
+                tracing::error!(error = %e, key = ?get_s(item, SK), "a delivery item the sweeper's scan cannot read");
+                return Ok(());
+            }
+        };
         let Some(due) = delivery.due_at() else {
             return Ok(());
         };
@@ -200,6 +257,39 @@ impl DynamoStore {
             Err(e) if is_condition_failure(&e) => Ok(()),
             Err(e) => Err(backend(e)),
         }
+    }
+
+    /// Before a process first writes a delivery without its due index entry: make
+    /// sure the scan's cursor exists, below any id a write can leave out from now on
+    /// (a young one's time is at most [`YOUNG_FOR`] before now). Once per process: a
+    /// cursor, once set, only follows the cutoff, which stays behind every young id.
+    pub(super) async fn before_unindexed_write(&self, now: DateTime<Utc>) -> StoreResult<()> {
+        use std::sync::atomic::Ordering;
+        if self.scan_cursor_known.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let floor = now - YOUNG_FOR - ChronoDuration::minutes(1);
+        let set = self
+            .client
+            .update_item()
+            .table_name(&self.main_table)
+            .set_key(Some(key(keys::DUE_SCAN_CURSOR.to_owned())))
+            .update_expression("SET #c = :floor")
+            .condition_expression("attribute_not_exists(#c)")
+            .expression_attribute_names("#c", "cursor")
+            .expression_attribute_values(
+                ":floor",
+                s(keys::delivery_ids_of_ms(floor.timestamp_millis())),
+            )
+            .send()
+            .await;
+        match set {
+            Ok(_) => {}
+            Err(e) if is_condition_failure(&e) => {}
+            Err(e) => return Err(backend(e)),
+        }
+        self.scan_cursor_known.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     async fn scan_cursor(&self) -> StoreResult<Option<String>> {
@@ -243,7 +333,7 @@ mod tests {
     #[test]
     fn the_scan_reaches_an_id_only_after_every_write_that_leaves_it_out() {
         // The margin between the two covers read lag and clock skew.
-        assert!(SWEEP_GRACE - YOUNG_FOR >= ChronoDuration::minutes(5));
+        assert!(SWEEP_GRACE - YOUNG_FOR >= ChronoDuration::minutes(10));
     }
 
     #[test]
@@ -257,8 +347,8 @@ mod tests {
             )
         };
         assert!(is_young(&id_at(now), now));
-        assert!(is_young(&id_at(now - ChronoDuration::minutes(9)), now));
-        assert!(!is_young(&id_at(now - ChronoDuration::minutes(10)), now));
+        assert!(is_young(&id_at(now - ChronoDuration::minutes(4)), now));
+        assert!(!is_young(&id_at(now - ChronoDuration::minutes(5)), now));
         assert!(is_young(&id_at(now + ChronoDuration::minutes(5)), now));
         assert!(!is_young(&id_at(now + ChronoDuration::minutes(6)), now));
     }

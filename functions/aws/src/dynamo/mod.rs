@@ -116,6 +116,9 @@ pub struct DynamoStore {
     retention_days: i64,
     /// The sweeper's scan: waiting deliveries indexed a run, per day shard.
     left_out_per_shard: usize,
+    /// Whether this process has seen the sweeper's scan cursor exist
+    /// ([`due_scan`]'s `before_unindexed_write`).
+    scan_cursor_known: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DynamoStore {
@@ -133,6 +136,7 @@ impl DynamoStore {
             clock,
             retention_days,
             left_out_per_shard: due_scan::LEFT_OUT_PER_SHARD,
+            scan_cursor_known: Arc::default(),
         }
     }
 

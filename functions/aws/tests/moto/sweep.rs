@@ -108,12 +108,7 @@ async fn the_scan_finds_every_waiting_delivery_over_bounded_runs() {
 
     let clock = Arc::new(ManualClock::new(Utc::now()));
     let stack = Stack::provisioned(clock.clone()).await;
-    // A day's retention: the first run (no cursor yet) reads two days back, not 31.
-    let resources = entrega_aws::resources::AwsResources {
-        retention_days: 1,
-        ..stack.resources.clone()
-    };
-    let store = entrega_aws::resources::dynamo_store(&stack.sdk, &resources, clock.clone())
+    let store = entrega_aws::resources::dynamo_store(&stack.sdk, &stack.resources, clock.clone())
         .with_left_out_per_shard(1);
     let s = &stack.services;
     let tenant = tenant(s).await;
