@@ -14,13 +14,15 @@
 //!
 //! Why nothing waiting is missed: a write that leaves a delivery unindexed happens
 //! less than [`YOUNG_FOR`] after the id's time, and the scan reaches an id only
-//! [`SWEEP_GRACE`](entrega_core::handlers::sweep::SWEEP_GRACE) after it, later than any such write (the gap between the two,
-//! ten minutes, covers the lag of an eventually consistent read and the clocks of
-//! two functions); a write after that indexes the delivery itself. The cursor moves
-//! only past what was read and indexed, and is never moved back. It is made by the
-//! first write that leaves a delivery out (once per process), just below that write's
-//! young ids, so with no cursor there is nothing to scan. A run's reads are bounded
-//! in pages and time, and it keeps its progress a day at a time.
+//! [`SWEEP_GRACE`] after it, later than any such write (the gap between the two, ten
+//! minutes, covers the lag of an eventually consistent read and the clocks of two
+//! functions); a write after that indexes the delivery itself. The cursor moves only
+//! past what was read and indexed, and is never moved back. It is made by the first
+//! write that leaves a delivery out (and checked again every ten minutes), below that
+//! write's young ids, so with no cursor there is nothing to scan. A run is bounded in
+//! pages and entries per shard and in time, and it keeps its progress a day at a time.
+//!
+//! [`SWEEP_GRACE`]: entrega_core::handlers::sweep::SWEEP_GRACE
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use entrega_core::ids::DeliveryId;
@@ -36,23 +38,30 @@ pub const YOUNG_FOR: ChronoDuration = ChronoDuration::minutes(5);
 /// producer's clock a little fast); further ahead, the delivery is indexed at once,
 /// so a lost message does not wait for the scan to reach a far future day.
 const YOUNG_AHEAD: ChronoDuration = ChronoDuration::minutes(5);
-/// Query pages one run reads at most, all shards and days together. A page is 1 MB of
-/// items read (about 1 400 delivery items), but only the few still waiting come back
-/// (the filter runs in DynamoDB), so pages are quick: 4 096 are about 5.7 million
-/// deliveries, 19 000 a second between five-minute runs.
-const SCAN_PAGES_PER_RUN: usize = 4_096;
-/// How long one run's scan may take before it stops where it is (the sweeper's
-/// function has 30 s, and its own work comes after).
-const SCAN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
-/// Waiting deliveries one run indexes at most from one shard of one day: bounds a
-/// run's memory behind a backlog that waits (a dead endpoint); the next run goes on
-/// from the last one indexed. [`DynamoStore::with_left_out_per_shard`] changes it
+/// Items one query page reads at most (its `Limit`): only the few still waiting come
+/// back (the filter runs in DynamoDB), but a backlog that waits could fill a page,
+/// and this bounds what one page holds.
+const PAGE_ITEMS: i32 = 500;
+/// Pages each shard reads at most in one run: 64 shards × 128 × 500 items are about
+/// 4 million deliveries, 13 000 a second between five-minute runs. Each shard has its
+/// own share, and all are read side by side, so no shard waits on another's budget.
+const PAGES_PER_SHARD: usize = 128;
+/// Reading stops this long after a run starts, and entering what it found stops at
+/// [`RUN_TIME`]: the sweeper's function has 30 s, and its own work comes after.
+const READ_TIME: std::time::Duration = std::time::Duration::from_secs(8);
+const RUN_TIME: std::time::Duration = std::time::Duration::from_secs(16);
+/// Waiting deliveries one run enters at most from one shard (32 768 in all): bounds a
+/// run's memory and writes behind a backlog that waits (a dead endpoint receiving 100
+/// events a second leaves 30 000 waiting every five minutes); the next run goes on
+/// from the last one entered. [`DynamoStore::with_left_out_per_shard`] changes it
 /// (tests reach the bound with a few deliveries).
-pub const LEFT_OUT_PER_SHARD: usize = 64;
-/// Shards read side by side.
-const SHARDS_AT_ONCE: usize = 16;
-/// Index writes sent at once (each an UpdateItem of its own).
-const INDEX_AT_ONCE: usize = 16;
+pub const LEFT_OUT_PER_SHARD: usize = 512;
+/// Index writes sent at once (each an UpdateItem of its own, spread over the 64 day
+/// shards' partitions).
+const INDEX_AT_ONCE: usize = 64;
+/// How often a process makes sure again that the cursor exists (one conditional
+/// write): a cursor deleted by hand is made again within this.
+const CURSOR_CHECK_EVERY: ChronoDuration = ChronoDuration::minutes(10);
 /// Milliseconds in a (UTC) day partition.
 const DAY_MS: i64 = 86_400_000;
 
@@ -69,43 +78,22 @@ struct ShardScan {
     /// Where the scan stopped before the shard's end (its budget ran out): the last
     /// key read, or where it was to start if it read nothing.
     stopped_at: Option<String>,
+    /// Pages read.
+    pages: usize,
 }
 
-/// What one run may still read: pages, and time.
-struct RunBudget {
-    pages: std::sync::atomic::AtomicUsize,
-    until: std::time::Instant,
-}
-
-impl RunBudget {
-    fn new() -> Self {
-        Self {
-            pages: std::sync::atomic::AtomicUsize::new(SCAN_PAGES_PER_RUN),
-            until: std::time::Instant::now() + SCAN_TIME,
-        }
-    }
-
-    /// Take one page, if the run has one left.
-    fn take_page(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        std::time::Instant::now() < self.until
-            && self
-                .pages
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1))
-                .is_ok()
-    }
-
-    fn spent(&self) -> bool {
-        std::time::Instant::now() >= self.until
-            || self.pages.load(std::sync::atomic::Ordering::Relaxed) == 0
-    }
+/// What one shard may still do in this run.
+#[derive(Clone, Copy)]
+struct ShardBudget {
+    pages: usize,
+    left_out: usize,
 }
 
 impl DynamoStore {
-    /// This store, its sweeper's scan indexing at most `n` waiting deliveries of one
-    /// shard of one day a run (at least 1).
+    /// This store, its sweeper's scan entering at most `n` waiting deliveries of one
+    /// shard a run (at least 2, so that one it cannot enter never holds the cursor).
     pub fn with_left_out_per_shard(mut self, n: usize) -> Self {
-        self.left_out_per_shard = n.max(1);
+        self.left_out_per_shard = n.max(2);
         self
     }
 
@@ -113,35 +101,52 @@ impl DynamoStore {
     /// before `before` (and before this store's clock less [`SWEEP_GRACE`], so that no
     /// write leaving one out can come after), from the stored cursor on, a day at a
     /// time; after each day, move the cursor, so a run cut short keeps its progress.
+    /// Every shard of a day is read side by side with a budget of its own; the cursor
+    /// moves to where the one that got least far stopped.
     pub(super) async fn index_left_out(&self, before: DateTime<Utc>) -> StoreResult<()> {
+        let started = std::time::Instant::now();
         let latest = self.clock.now() - entrega_core::handlers::sweep::SWEEP_GRACE;
         let end = keys::delivery_ids_of_ms(before.min(latest).timestamp_millis());
         // No cursor: no delivery was ever written unindexed (the first such write
-        // sets it), so there is nothing to scan.
+        // makes it), so there is nothing to scan.
         let Some(mut cursor) = self.scan_cursor().await? else {
             return Ok(());
         };
-        let budget = RunBudget::new();
-        while cursor < end && !budget.spent() {
+        let mut budgets = vec![
+            ShardBudget {
+                pages: PAGES_PER_SHARD,
+                left_out: self.left_out_per_shard,
+            };
+            usize::from(keys::DAY_SHARDS)
+        ];
+        while cursor < end && started.elapsed() < READ_TIME {
             let day_ms = keys::ms_of_delivery_key(&cursor).unwrap_or_default();
             let day = keys::day(day_ms);
             let next_day = keys::delivery_ids_of_ms((day_ms.div_euclid(DAY_MS) + 1) * DAY_MS);
             let day_end = next_day.min(end.clone());
+            let now_budgets = budgets.clone();
+            let scans = now_budgets.iter().enumerate().map(|(shard, budget)| {
+                let pk = keys::sharded(&day, shard as u8);
+                self.scan_shard(pk, &cursor, &end, *budget, started + READ_TIME)
+            });
             let mut reached = day_end.clone();
-            let shards: Vec<u8> = (0..keys::DAY_SHARDS).collect();
-            for some in shards.chunks(SHARDS_AT_ONCE) {
-                let scans = some.iter().map(|shard| {
-                    self.scan_shard(keys::sharded(&day, *shard), &cursor, &end, &budget)
-                });
-                let mut left_out = Vec::new();
-                for scan in futures_util::future::join_all(scans).await {
-                    let scan = scan?;
-                    left_out.extend(scan.left_out);
-                    if let Some(at) = scan.stopped_at {
-                        reached = reached.min(at);
-                    }
+            let mut left_out = Vec::new();
+            for (budget, scan) in budgets
+                .iter_mut()
+                .zip(futures_util::future::join_all(scans).await)
+            {
+                let scan = scan?;
+                budget.pages -= scan.pages;
+                budget.left_out -= scan.left_out.len();
+                left_out.extend(scan.left_out);
+                if let Some(at) = scan.stopped_at {
+                    reached = reached.min(at);
                 }
-                self.index_all(&left_out).await?;
+            }
+            if let Some(first_not_entered) =
+                self.index_in_order(left_out, started + RUN_TIME).await?
+            {
+                reached = reached.min(first_not_entered);
             }
             self.move_scan_cursor(&cursor, &reached).await?;
             if reached < day_end {
@@ -153,31 +158,48 @@ impl DynamoStore {
         Ok(())
     }
 
-    async fn index_all(&self, left_out: &[Item]) -> StoreResult<()> {
+    /// Enter `left_out` in the due index in key order, until `deadline`: the key of the
+    /// first one not entered, if time ran out (everything below it is entered).
+    async fn index_in_order(
+        &self,
+        mut left_out: Vec<Item>,
+        deadline: std::time::Instant,
+    ) -> StoreResult<Option<String>> {
+        left_out.sort_by(|a, b| get_s(a, SK).cmp(&get_s(b, SK)));
         for chunk in left_out.chunks(INDEX_AT_ONCE) {
+            if std::time::Instant::now() >= deadline {
+                return Ok(chunk.first().and_then(|i| get_s(i, SK)).map(str::to_owned));
+            }
             let writes = chunk.iter().map(|item| self.index_as_waiting(item));
             for written in futures_util::future::join_all(writes).await {
                 written?;
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// One shard of one day from `from` to `end`: the waiting deliveries without a due
-    /// index entry (settled ones carry their TTL, paused ones their paused entry).
+    /// One shard of one day from `from` to `end`, within `budget` and until
+    /// `deadline`: the waiting deliveries without a due index entry (settled ones
+    /// carry their TTL, paused ones their paused entry).
     async fn scan_shard(
         &self,
         pk: String,
         from: &str,
         end: &str,
-        budget: &RunBudget,
+        budget: ShardBudget,
+        deadline: std::time::Instant,
     ) -> StoreResult<ShardScan> {
         let mut scan = ShardScan {
             left_out: Vec::new(),
             stopped_at: Some(from.to_owned()),
+            pages: 0,
         };
         let mut start: Option<Item> = None;
-        while budget.take_page() {
+        while scan.pages < budget.pages
+            && budget.left_out > 0
+            && std::time::Instant::now() < deadline
+        {
+            scan.pages += 1;
             let out = self
                 .client
                 .query()
@@ -191,15 +213,16 @@ impl DynamoStore {
                 .expression_attribute_values(":pk", s(pk.clone()))
                 .expression_attribute_values(":from", s(from))
                 .expression_attribute_values(":end", s(end))
+                .limit(PAGE_ITEMS)
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
                 .map_err(backend)?;
             scan.left_out.extend(out.items().iter().cloned());
-            if scan.left_out.len() >= self.left_out_per_shard {
+            if scan.left_out.len() >= budget.left_out {
                 // Enough for one run: the next goes on from the last one kept (read
                 // again there, it is indexed by then, so the filter leaves it out).
-                scan.left_out.truncate(self.left_out_per_shard);
+                scan.left_out.truncate(budget.left_out);
                 scan.stopped_at = scan
                     .left_out
                     .last()
@@ -259,16 +282,21 @@ impl DynamoStore {
         }
     }
 
-    /// Before a process first writes a delivery without its due index entry: make
-    /// sure the scan's cursor exists, below any id a write can leave out from now on
-    /// (a young one's time is at most [`YOUNG_FOR`] before now). Once per process: a
-    /// cursor, once set, only follows the cutoff, which stays behind every young id.
+    /// Before a process writes a delivery without its due index entry: make sure the
+    /// scan's cursor exists (once per [`CURSOR_CHECK_EVERY`]). A new one starts at the
+    /// start of the day before: below every id a write can leave out from now on (a
+    /// young one's time is at most [`YOUNG_FOR`] before now), with a day to spare for
+    /// another function's clock or a write delayed in flight. A cursor, once set, only
+    /// follows the cutoff, which stays behind every young id.
     pub(super) async fn before_unindexed_write(&self, now: DateTime<Utc>) -> StoreResult<()> {
         use std::sync::atomic::Ordering;
-        if self.scan_cursor_known.load(Ordering::Relaxed) {
+        let checked_ms = self.scan_cursor_checked_ms.load(Ordering::Relaxed);
+        if checked_ms > 0
+            && now.timestamp_millis() - checked_ms < CURSOR_CHECK_EVERY.num_milliseconds()
+        {
             return Ok(());
         }
-        let floor = now - YOUNG_FOR - ChronoDuration::minutes(1);
+        let floor_ms = (now.timestamp_millis().div_euclid(DAY_MS) - 1) * DAY_MS;
         let set = self
             .client
             .update_item()
@@ -277,10 +305,7 @@ impl DynamoStore {
             .update_expression("SET #c = :floor")
             .condition_expression("attribute_not_exists(#c)")
             .expression_attribute_names("#c", "cursor")
-            .expression_attribute_values(
-                ":floor",
-                s(keys::delivery_ids_of_ms(floor.timestamp_millis())),
-            )
+            .expression_attribute_values(":floor", s(keys::delivery_ids_of_ms(floor_ms)))
             .send()
             .await;
         match set {
@@ -288,7 +313,8 @@ impl DynamoStore {
             Err(e) if is_condition_failure(&e) => {}
             Err(e) => return Err(backend(e)),
         }
-        self.scan_cursor_known.store(true, Ordering::Relaxed);
+        self.scan_cursor_checked_ms
+            .store(now.timestamp_millis(), Ordering::Relaxed);
         Ok(())
     }
 

@@ -116,9 +116,9 @@ pub struct DynamoStore {
     retention_days: i64,
     /// The sweeper's scan: waiting deliveries indexed a run, per day shard.
     left_out_per_shard: usize,
-    /// Whether this process has seen the sweeper's scan cursor exist
-    /// ([`due_scan`]'s `before_unindexed_write`).
-    scan_cursor_known: Arc<std::sync::atomic::AtomicBool>,
+    /// When this process last saw the sweeper's scan cursor exist, in epoch ms (0:
+    /// never; [`due_scan`]'s `before_unindexed_write`).
+    scan_cursor_checked_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl DynamoStore {
@@ -136,7 +136,7 @@ impl DynamoStore {
             clock,
             retention_days,
             left_out_per_shard: due_scan::LEFT_OUT_PER_SHARD,
-            scan_cursor_known: Arc::default(),
+            scan_cursor_checked_ms: Arc::default(),
         }
     }
 
