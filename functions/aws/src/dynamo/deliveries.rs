@@ -141,26 +141,53 @@ impl DynamoStore {
     /// only on the version read: a save since then wrote the key its state says,
     /// which is what we leave alone.
     async fn postpone_one(&self, delivery: &Delivery, until: DateTime<Utc>) -> StoreResult<()> {
+        self.write_due_entry(delivery, until, DueWrite::Move).await
+    }
+
+    /// Write `delivery`'s due index entry for `due` (its 10-minute slot), on the
+    /// version read; a failed condition (a write since then, or an entry not as the
+    /// write expects) leaves the item as it is and is no error.
+    pub(super) async fn write_due_entry(
+        &self,
+        delivery: &Delivery,
+        due: DateTime<Utc>,
+        write: DueWrite,
+    ) -> StoreResult<()> {
         let (pk, sk) = keys::delivery(&delivery.id);
-        let moved = self
+        let update = self
             .client
             .update_item()
             .table_name(&self.main_table)
             .set_key(Some(key_of(pk, sk)))
-            .update_expression("SET #due = :slot")
-            .condition_expression("#v = :version AND attribute_exists(#due)")
-            .expression_attribute_names("#due", keys::BY_DUE.sk)
+            .expression_attribute_names("#duepk", keys::BY_DUE.pk)
+            .expression_attribute_names("#duesk", keys::BY_DUE.sk)
             .expression_attribute_names("#v", "version")
-            .expression_attribute_values(":slot", s(keys::due_slot(until.timestamp_millis())))
-            .expression_attribute_values(":version", n(delivery.version))
-            .send()
-            .await;
-        match moved {
+            .expression_attribute_values(":slot", s(keys::due_slot(due.timestamp_millis())))
+            .expression_attribute_values(":version", n(delivery.version));
+        let update = match write {
+            DueWrite::Enter => update
+                .update_expression("SET #duepk = :duepk, #duesk = :slot")
+                .condition_expression("#v = :version AND attribute_not_exists(#duepk)")
+                .expression_attribute_values(":duepk", s(keys::due(&delivery.id))),
+            DueWrite::Move => update
+                .update_expression("SET #duesk = :slot")
+                .condition_expression("#v = :version AND attribute_exists(#duepk)"),
+        };
+        match update.send().await {
             Ok(_) => Ok(()),
             Err(e) if is_condition_failure(&e) => Ok(()),
             Err(e) => Err(backend(e)),
         }
     }
+}
+
+/// What a due index write does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DueWrite {
+    /// Enter a delivery left out while young (the sweeper's scan).
+    Enter,
+    /// Move an entry to another slot (the sweeper's postponement).
+    Move,
 }
 
 #[async_trait]

@@ -28,6 +28,7 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use entrega_core::ids::DeliveryId;
 use entrega_core::ports::StoreResult;
 
+use super::deliveries::DueWrite;
 use super::*;
 
 /// A delivery whose id's time is less than this long ago is written without its due
@@ -259,27 +260,7 @@ impl DynamoStore {
         let Some(due) = delivery.due_at() else {
             return Ok(());
         };
-        let (pk, sk) = keys::delivery(&delivery.id);
-        let written = self
-            .client
-            .update_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key_of(pk, sk)))
-            .update_expression("SET #duepk = :duepk, #duesk = :slot")
-            .condition_expression("#v = :version AND attribute_not_exists(#duepk)")
-            .expression_attribute_names("#duepk", keys::BY_DUE.pk)
-            .expression_attribute_names("#duesk", keys::BY_DUE.sk)
-            .expression_attribute_names("#v", "version")
-            .expression_attribute_values(":duepk", s(keys::due(&delivery.id)))
-            .expression_attribute_values(":slot", s(keys::due_slot(due.timestamp_millis())))
-            .expression_attribute_values(":version", n(delivery.version))
-            .send()
-            .await;
-        match written {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => Ok(()),
-            Err(e) => Err(backend(e)),
-        }
+        self.write_due_entry(&delivery, due, DueWrite::Enter).await
     }
 
     /// Before a process writes a delivery without its due index entry: make sure the
@@ -297,22 +278,11 @@ impl DynamoStore {
             return Ok(());
         }
         let floor_ms = (now.timestamp_millis().div_euclid(DAY_MS) - 1) * DAY_MS;
-        let set = self
-            .client
-            .update_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(keys::DUE_SCAN_CURSOR.to_owned())))
-            .update_expression("SET #c = :floor")
-            .condition_expression("attribute_not_exists(#c)")
-            .expression_attribute_names("#c", "cursor")
-            .expression_attribute_values(":floor", s(keys::delivery_ids_of_ms(floor_ms)))
-            .send()
-            .await;
-        match set {
-            Ok(_) => {}
-            Err(e) if is_condition_failure(&e) => {}
-            Err(e) => return Err(backend(e)),
-        }
+        self.set_scan_cursor(
+            &keys::delivery_ids_of_ms(floor_ms),
+            "attribute_not_exists(#c)",
+        )
+        .await?;
         self.scan_cursor_checked_ms
             .store(now.timestamp_millis(), Ordering::Relaxed);
         Ok(())
@@ -331,18 +301,25 @@ impl DynamoStore {
         if to <= read {
             return Ok(());
         }
-        let moved = self
+        self.set_scan_cursor(to, "attribute_not_exists(#c) OR #c < :to")
+            .await
+    }
+
+    /// Set the cursor to `to` where `condition` holds (`#c` the cursor, `:to` the new
+    /// value); a condition that fails is an answer, not an error.
+    async fn set_scan_cursor(&self, to: &str, condition: &str) -> StoreResult<()> {
+        let set = self
             .client
             .update_item()
             .table_name(&self.main_table)
             .set_key(Some(key(keys::DUE_SCAN_CURSOR.to_owned())))
             .update_expression("SET #c = :to")
-            .condition_expression("attribute_not_exists(#c) OR #c < :to")
+            .condition_expression(condition)
             .expression_attribute_names("#c", "cursor")
             .expression_attribute_values(":to", s(to))
             .send()
             .await;
-        match moved {
+        match set {
             Ok(_) => Ok(()),
             Err(e) if is_condition_failure(&e) => Ok(()),
             Err(e) => Err(backend(e)),
