@@ -125,8 +125,8 @@ impl DynamoStore {
             let day = keys::day(day_ms);
             let next_day = keys::delivery_ids_of_ms((day_ms.div_euclid(DAY_MS) + 1) * DAY_MS);
             let day_end = next_day.min(end.clone());
-            let now_budgets = budgets.clone();
-            let scans = now_budgets.iter().enumerate().map(|(shard, budget)| {
+            let day_budgets = budgets.clone();
+            let scans = day_budgets.iter().enumerate().map(|(shard, budget)| {
                 let pk = keys::sharded(&day, shard as u8);
                 self.scan_shard(pk, &cursor, &end, *budget, started + READ_TIME)
             });
