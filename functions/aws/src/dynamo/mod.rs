@@ -114,7 +114,7 @@ pub struct DynamoStore {
     clock: Arc<dyn Clock>,
     /// How long deliveries, attempts and failures are kept (TTL), in days.
     retention_days: i64,
-    /// The sweeper's scan: waiting deliveries indexed a run, per day shard.
+    /// The sweeper's scan: waiting deliveries it enters a run, per shard.
     left_out_per_shard: usize,
     /// When this process last saw the sweeper's scan cursor exist, in epoch ms (0:
     /// never; [`due_scan`]'s `before_unindexed_write`).
