@@ -93,6 +93,15 @@ impl Metrics for EmfMetrics {
         println!("{doc}");
     }
 
+    fn sweep_preparation_failed(&self) {
+        let doc = document(
+            &[&[]],
+            json!({}),
+            &[("SweepPreparationFailed", "Count", 1.0)],
+        );
+        println!("{doc}");
+    }
+
     fn deliveries_swept(&self, count: u64) {
         let doc = document(
             &[&[]],

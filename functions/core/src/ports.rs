@@ -240,6 +240,13 @@ pub trait DeliveryStore: Send + Sync {
         cursor: Option<&str>,
         limit: usize,
     ) -> StoreResult<Page<Delivery>>;
+    /// Before a sweep asks [`Self::overdue_deliveries`] about times before `before`:
+    /// bring its answer up to date. A store that keeps some waiting deliveries out of
+    /// its index (DynamoDB leaves young ones out) enters the ones still waiting here.
+    /// A failure leaves the answer as it was: the sweeper still asks, and says so.
+    async fn prepare_sweep(&self, _before: DateTime<Utc>) -> StoreResult<()> {
+        Ok(())
+    }
     /// Deliveries of every tenant that were due ([`Delivery::due_at`]) before `before`
     /// and are still waiting, most overdue first (as far as the store's index orders
     /// them), at most `limit`. The sweeper's question; the answer may include some due

@@ -419,17 +419,18 @@ impl DeliveryStore for DynamoStore {
             .collect()
     }
 
+    async fn prepare_sweep(&self, before: DateTime<Utc>) -> StoreResult<()> {
+        // Deliveries written while young wait outside the due index: in with the ones
+        // still waiting. A failure leaves the index as it was; the next run scans
+        // again from the same cursor.
+        self.index_left_out(before).await
+    }
+
     async fn overdue_deliveries(
         &self,
         before: DateTime<Utc>,
         limit: usize,
     ) -> StoreResult<Vec<Delivery>> {
-        // Deliveries written while young wait outside the index: in with them first.
-        // A failed scan leaves the index as it was, and this run still sweeps what the
-        // index holds; the next run scans again from the same cursor.
-        if let Err(e) = self.index_left_out(before).await {
-            tracing::error!(error = %e, "the sweeper's scan for deliveries left out of the due index failed; the next run retries");
-        }
         let end = keys::due_slot(before.timestamp_millis());
         let mut entries: Vec<Item> = Vec::new();
         // One page per shard is enough: each is asked for the whole limit (keys only, a

@@ -142,6 +142,7 @@ async fn the_scan_finds_every_waiting_delivery_over_bounded_runs() {
     let mut runs = 0;
     loop {
         runs += 1;
+        store.prepare_sweep(before).await.unwrap();
         let found: HashSet<DeliveryId> = store
             .overdue_deliveries(before, 1_000)
             .await

@@ -59,6 +59,12 @@ pub async fn sweep_overdue(services: &Services) -> StoreResult<SweepReport> {
     async {
         let now = services.clock.now();
         let cutoff = now - SWEEP_GRACE;
+        // A failed preparation must not stop the sweep of what the index already
+        // holds; it is counted, and the metric pages (it may hide lost messages).
+        if let Err(e) = services.store.prepare_sweep(cutoff).await {
+            tracing::error!(error = %e, "the store could not prepare the sweep; sweeping what its index holds");
+            services.metrics.sweep_preparation_failed();
+        }
         let overdue = services
             .store
             .overdue_deliveries(cutoff, SWEEP_BATCH)

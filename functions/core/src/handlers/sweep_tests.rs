@@ -75,3 +75,38 @@ async fn a_delivery_seen_again_is_postponed_to_its_claims_end() {
         .unwrap();
     assert!(just_after.iter().any(|d| d.id == some.id));
 }
+
+/// Counts the sweeper's preparation failures (the metric its alarm watches).
+#[derive(Default)]
+struct PreparationFailures(std::sync::atomic::AtomicUsize);
+
+impl crate::ports::Metrics for PreparationFailures {
+    fn attempt(&self, _: &crate::ports::AttemptMetric) {}
+    fn failure(&self, _: &crate::ids::TenantId) {}
+    fn oldest_unacknowledged_failure(&self, _: Option<Duration>) {}
+    fn sweep_preparation_failed(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_prepare_the_sweep_is_still_swept_and_the_failure_counted() {
+    let mut world = lost(3).await;
+    let failures = std::sync::Arc::new(PreparationFailures::default());
+    world.services.metrics = failures.clone();
+    world.store.fail_sweep_preparation(true);
+    let report = sweep_overdue(&world.services).await.unwrap();
+    assert_eq!(
+        report.requeued, 3,
+        "what the index holds is swept all the same"
+    );
+    assert_eq!(failures.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+    world.store.fail_sweep_preparation(false);
+    world.clock.advance(SWEEP_INTERVAL);
+    sweep_overdue(&world.services).await.unwrap();
+    assert_eq!(
+        failures.0.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "a preparation that succeeds is not counted"
+    );
+}

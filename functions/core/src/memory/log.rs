@@ -139,6 +139,13 @@ impl DeliveryStore for MemoryStore {
         Ok(Page::from_rows(data, limit, |d| d.id.to_string(), None))
     }
 
+    async fn prepare_sweep(&self, _before: DateTime<Utc>) -> StoreResult<()> {
+        if self.data().sweep_preparation_fails {
+            return Err(StoreError::Backend("preparing the sweep failed".into()));
+        }
+        Ok(())
+    }
+
     async fn overdue_deliveries(
         &self,
         before: DateTime<Utc>,

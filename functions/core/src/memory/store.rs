@@ -51,6 +51,8 @@ pub(super) struct Data {
     pub(super) sweep_postponed: HashMap<String, (u64, chrono::DateTime<chrono::Utc>)>,
     /// What tenants' endpoint lists answer while they lag ([`MemoryStore::lag_endpoint_lists`]).
     listed_endpoints: Option<BTreeMap<String, Endpoint>>,
+    /// Whether preparing a sweep fails ([`MemoryStore::fail_sweep_preparation`]).
+    pub(super) sweep_preparation_fails: bool,
 }
 
 /// The in-memory store; cheap to clone (shared).
@@ -84,6 +86,12 @@ impl MemoryStore {
     /// Endpoint lists see every change again.
     pub fn catch_up_endpoint_lists(&self) {
         self.data().listed_endpoints = None;
+    }
+
+    /// From now on, preparing a sweep fails (`fails`) or succeeds, as a DynamoDB
+    /// store's scan for deliveries left out of its due index can (throttled).
+    pub fn fail_sweep_preparation(&self, fails: bool) {
+        self.data().sweep_preparation_fails = fails;
     }
 
     fn now_secs(&self) -> i64 {

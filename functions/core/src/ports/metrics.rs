@@ -28,6 +28,9 @@ pub trait Metrics: Send + Sync {
     fn outbox_item_refused(&self) {}
     /// The sweeper queued this many deliveries whose message was lost.
     fn deliveries_swept(&self, _count: u64) {}
+    /// The store could not prepare a sweep ([`crate::ports::DeliveryStore::prepare_sweep`]):
+    /// the sweep went on with what its index held.
+    fn sweep_preparation_failed(&self) {}
     /// This many rows of a producer's PostgreSQL outbox became events.
     fn producer_outbox_drained(&self, _count: u64) {}
     /// A producer's outbox row was moved to quarantine.
