@@ -38,7 +38,7 @@
 //! | the oldest unacknowledged failures (24-hour rule) | gsi2 `UNACK`, sparse: removed on acknowledgement | Query ascending + BatchGet |
 //! | hourly counters, claims, idempotency keys | main `CNT#`, `REMEMBER#` | atomic ADD; conditional Put |
 //! | waiting deliveries due before a time (sweeper) | gsi5 `DUE#<0..3f>`, `sk` = 10-minute slot; sparse, and not entered while young | Query each shard below the cutoff slot + BatchGet |
-//! | deliveries left out of the due index while young, still waiting (sweeper, first) | main `D#<day>#<0..3f>` from `DUE_SCAN_CURSOR` to the cutoff | Query each shard with a filter; UpdateItem of the due keys, conditional on `version`; Update of the cursor, forward only |
+//! | deliveries left out of the due index while young, still waiting (`prepare_sweep`, before each sweep) | main `D#<day>#<0..3f>` from `DUE_SCAN_CURSOR` to the cutoff | Query each shard with a filter; UpdateItem of the due keys, conditional on `version`; Update of the cursor, forward only |
 //! | leave a swept delivery out of the sweeper's question (`postpone_sweep`) | gsi5 `sk` of its item, main `D#<day>#<0..3f>` | UpdateItem of the sort key only, conditional on `version` |
 //! | a tenant's backlog | main `BACKLOG#<tenant>#<0..3>` | ADD on a random shard; BatchGet of all |
 //! | an endpoint's concurrency slots (worker) | main `SLOT#<endpoint>#<n>`, one partition each | Update if free or expired; Update if ours |
