@@ -125,17 +125,14 @@ impl DynamoStore {
             let day = keys::day(day_ms);
             let next_day = keys::delivery_ids_of_ms((day_ms.div_euclid(DAY_MS) + 1) * DAY_MS);
             let day_end = next_day.min(end.clone());
-            let day_budgets = budgets.clone();
-            let scans = day_budgets.iter().enumerate().map(|(shard, budget)| {
+            let scans = budgets.iter().enumerate().map(|(shard, budget)| {
                 let pk = keys::sharded(&day, shard as u8);
                 self.scan_shard(pk, &cursor, &end, *budget, started + READ_TIME)
             });
+            let scanned = futures_util::future::join_all(scans).await;
             let mut reached = day_end.clone();
             let mut left_out = Vec::new();
-            for (budget, scan) in budgets
-                .iter_mut()
-                .zip(futures_util::future::join_all(scans).await)
-            {
+            for (budget, scan) in budgets.iter_mut().zip(scanned) {
                 let scan = scan?;
                 budget.pages -= scan.pages;
                 budget.left_out -= scan.left_out.len();
