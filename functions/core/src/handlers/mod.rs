@@ -4,6 +4,7 @@
 //! messages in and act on the returned disposition.
 
 pub mod age;
+mod attempt_slots;
 pub mod failures;
 pub mod fanout;
 mod follow_up;

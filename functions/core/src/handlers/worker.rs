@@ -11,9 +11,12 @@ use crate::endpoint_health::SLOW_ATTEMPT;
 use crate::outcome::FailureKind;
 use crate::ports::{AttemptMetric, PendingWrite, RngOf, Services, StoreError, StoreResult};
 use crate::retry::{RetryPolicy, RetrySpec};
-use crate::slots::{SlotLease, SlotPool};
 use crate::state_machine::{self, Action, AttemptReport, Skip};
 
+use super::attempt_slots::{take_slots, HeldSlots};
+pub use super::attempt_slots::{
+    SLOTS_BUSY_BACKOFF, SLOTS_BUSY_BACKOFF_MAX, SLOTS_BUSY_RESEND_AFTER,
+};
 use super::follow_up::{carry_out, release_to_resend, requeue, settle_terminal, GONE_REASON};
 use super::health;
 use super::resume::{resume_step, ResumeTask};
@@ -29,18 +32,6 @@ pub const CONFLICT_BACKOFF: Duration = Duration::from_secs(2);
 /// A resend's message seen before the resend wrote its generation: look again this
 /// much later (the write follows the send at once).
 pub const RESEND_WRITE_RECHECK: Duration = Duration::from_millis(100);
-/// Every slot of the endpoint is taken: the message is hidden for this on its first
-/// receive, doubling per receive ([`super::backoff`]). The slots free up as attempts
-/// finish; the doubling keeps a deep backlog behind one slow endpoint from asking for
-/// slots many times a second (every ask is a conditional write on AWS).
-pub const SLOTS_BUSY_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest wait for a slot. Under a minute, so the wait is a visibility change
-/// and a message comes back soon after its endpoint recovers.
-pub const SLOTS_BUSY_BACKOFF_MAX: Duration = Duration::from_secs(50);
-/// Receives of one message spent waiting for a slot before it is sent again instead
-/// (delayed, the received copy deleted): every receive counts towards the queue's
-/// redrive limit (100), and a long wait for a busy endpoint is not a poison message.
-pub const SLOTS_BUSY_RESEND_AFTER: u32 = 20;
 
 /// What the runtime does with the message after the handler ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,10 +113,11 @@ async fn deliver(
         Ok(step) => step,
         Err(skip) => return skipped(services, task, &delivery, endpoint.mode, skip, now).await,
     };
-    let attempt = Attempting {
+    let mut attempt = Attempting {
         task,
         endpoint: &endpoint,
         policy: &policy,
+        slots: None,
     };
     if !step.sends() {
         return attempt.run(services, &delivery, step).await;
@@ -138,19 +130,10 @@ async fn deliver(
         Ok(slots) => slots,
         Err(busy) => return Ok(busy),
     };
+    attempt.slots = Some(&slots);
     let outcome = attempt.run(services, &delivery, step).await;
-    release(services, &slots).await;
+    slots.release(services).await;
     outcome
-}
-
-/// Give `slots` back. One that cannot be frees itself when its lease ends; only that
-/// much capacity is lost meanwhile.
-async fn release(services: &Services, slots: &[SlotLease]) {
-    for slot in slots {
-        if let Err(e) = services.slots.release(slot).await {
-            tracing::warn!(error = %e, pool = ?slot.pool, "could not release a slot");
-        }
-    }
 }
 
 /// What a message leads to in the store.
@@ -252,94 +235,13 @@ async fn skipped(
     }
 }
 
-/// The slots an attempt holds while it runs: one of its endpoint's `max_concurrency`,
-/// and, for an endpoint slow lately where the runtime keeps a share for them, one of
-/// the slow endpoints' share. Or, when a pool has none free, what to do with the
-/// message meanwhile.
-///
-/// Why the share: on AWS an invocation lasts as long as its slowest attempt, so
-/// endpoints that hang, a few attempts each up to their caps, could hold every
-/// invocation of the worker, and every other tenant's messages would wait behind them.
-/// The share bounds how many invocations they hold together; the rest stay for
-/// endpoints that answer.
-async fn take_slots(
-    services: &Services,
-    task: &DeliveryTask,
-    endpoint: &Endpoint,
-    delivery: &Delivery,
-    receive_count: u32,
-    lease: Duration,
-) -> StoreResult<Result<Vec<SlotLease>, Disposition>> {
-    // Unique per ask: a duplicate message's attempt must not release this one's slot,
-    // and a store that retries a write it already applied recognises it as ours.
-    let holder = format!(
-        "{}#{}#{}#{:016x}",
-        delivery.id,
-        delivery.generation,
-        delivery.attempt_count,
-        services.random.next_u64()
-    );
-    let now = services.clock.now();
-    let mut pools = Vec::with_capacity(2);
-    let share = services.settings.slow_endpoint_share;
-    if share > 0 && endpoint.health.is_slow(now) {
-        // The share first: while slow endpoints hang it is the pool that is full, and
-        // a message that must wait then costs no write of its endpoint's slot.
-        pools.push((SlotPool::SlowEndpoints, share));
-    }
-    pools.push((
-        SlotPool::Endpoint(endpoint.id.clone()),
-        endpoint.max_concurrency,
-    ));
-    let mut held = Vec::with_capacity(pools.len());
-    for (pool, limit) in pools {
-        match services
-            .slots
-            .acquire(&pool, limit, &holder, now, lease)
-            .await
-        {
-            Ok(Some(slot)) => held.push(slot),
-            Ok(None) => {
-                release(services, &held).await;
-                tracing::debug!(?pool, "every slot of the pool is taken");
-                return busy(services, task, endpoint, receive_count).await.map(Err);
-            }
-            Err(e) => {
-                release(services, &held).await;
-                return Err(e);
-            }
-        }
-    }
-    Ok(Ok(held))
-}
-
-/// What becomes of a message whose attempt found no free slot: hidden for a while,
-/// longer on each receive, or sent again after many.
-async fn busy(
-    services: &Services,
-    task: &DeliveryTask,
-    endpoint: &Endpoint,
-    receive_count: u32,
-) -> StoreResult<Disposition> {
-    let wait = super::backoff(
-        receive_count,
-        SLOTS_BUSY_BACKOFF,
-        SLOTS_BUSY_BACKOFF_MAX,
-        services.random.as_ref(),
-    );
-    if receive_count >= SLOTS_BUSY_RESEND_AFTER {
-        let fresh = task.message(endpoint.max_concurrency, wait);
-        services.deliveries.send(vec![fresh]).await?;
-        return Ok(Disposition::Done);
-    }
-    Ok(Disposition::RetryIn(wait))
-}
-
 /// A step `begin` decided, for one message at one endpoint under its policy.
 struct Attempting<'a> {
     task: &'a DeliveryTask,
     endpoint: &'a Endpoint,
     policy: &'a RetryPolicy,
+    /// The slots its request holds, given back once the response is in.
+    slots: Option<&'a HeldSlots>,
 }
 
 impl Attempting<'_> {
@@ -444,6 +346,9 @@ impl Attempting<'_> {
         let duration = (services.clock.now() - started_at)
             .to_std()
             .unwrap_or_default();
+        if let Some(slots) = self.slots {
+            slots.release(services).await;
+        }
         let report = AttemptReport {
             started_at,
             duration,

@@ -1,6 +1,7 @@
 //! The worker's branches, each on the in-memory world: real handlers, a manual clock,
 //! a scripted transport, nothing leaving the process.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -10,6 +11,7 @@ use crate::handlers::worker_case::{case, retry_after};
 use crate::memory::response;
 use crate::ports::{Clock, MessageQueue};
 use crate::retry::RetrySpec;
+use crate::slots::SlotPool;
 
 #[tokio::test]
 async fn a_success_is_recorded_delivered_with_its_attempt_and_signed_headers() {
@@ -432,4 +434,61 @@ async fn attempts_at_an_endpoint_slow_lately_wait_for_the_slow_share() {
     assert_eq!(c.handle_next().await, Disposition::Done);
     let recovered = c.stored_endpoint().await;
     assert!(!recovered.health.is_slow(c.world.clock.now()));
+}
+
+/// The slots port as the worker sees it, noting the delivery's state in the store each
+/// time a slot is given back.
+struct StateAtRelease {
+    inner: Arc<dyn crate::slots::EndpointSlots>,
+    store: crate::memory::MemoryStore,
+    delivery: crate::ids::DeliveryId,
+    seen: std::sync::Mutex<Vec<DeliveryState>>,
+}
+
+#[async_trait::async_trait]
+impl crate::slots::EndpointSlots for StateAtRelease {
+    async fn acquire(
+        &self,
+        pool: &SlotPool,
+        limit: u32,
+        holder: &str,
+        now: chrono::DateTime<chrono::Utc>,
+        lease: Duration,
+    ) -> StoreResult<Option<crate::slots::SlotLease>> {
+        self.inner.acquire(pool, limit, holder, now, lease).await
+    }
+
+    async fn release(&self, lease: &crate::slots::SlotLease) -> StoreResult<()> {
+        use crate::ports::DeliveryStore;
+        let stored = self.store.get_delivery(&self.delivery).await?;
+        self.seen.lock().unwrap().push(stored.unwrap().state);
+        self.inner.release(lease).await
+    }
+}
+
+/// An endpoint's slot bounds the requests it answers at once: it is given back as soon
+/// as the response is in, not after the outcome is written (held through that write,
+/// `max_concurrency` capped the worker well below what the endpoint could take).
+#[tokio::test]
+async fn the_slot_is_given_back_before_the_outcome_is_recorded() {
+    let mut c = case(|e| e.max_concurrency = 1).await;
+    let d = c.publish().await;
+    let watching = Arc::new(StateAtRelease {
+        inner: c.world.services.slots.clone(),
+        store: c.world.store.clone(),
+        delivery: d.id.clone(),
+        seen: Default::default(),
+    });
+    c.world.services.slots = watching.clone();
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
+    assert_eq!(
+        *watching.seen.lock().unwrap(),
+        vec![DeliveryState::Delivering],
+        "given back once, while the attempt's lease was the last write"
+    );
+    // And free again for the next attempt.
+    c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(c.world.transport.requests().len(), 2);
 }
