@@ -234,7 +234,8 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_everything() {
 /// `data` reaches the receiver as the producer wrote it: a number past what an `f64`
 /// holds is not rounded (`12345678901234567890123` arrived as `1.2345678901234568e22`,
 /// and two events differing only there were one to the idempotency check), keys keep
-/// their order; `GET /v1/events/{id}` shows it so too. A lone surrogate escape is still refused.
+/// their order; `GET /v1/events/{id}` shows it so too. So is `1e400`. A lone surrogate
+/// escape is refused, naming `data`.
 #[tokio::test(flavor = "multi_thread")]
 async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     let dir = TempDir::new("raw-data");
@@ -270,11 +271,21 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     assert_eq!(status, 409, "another number is another event: {answer}");
 
     let (status, problem) = publish("lone", r#"{"s":"\ud800"}"#.to_owned()).await;
-    assert_eq!(status, 400, "{problem}");
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["field"], "data", "{problem}");
     assert!(
-        problem["detail"].as_str().unwrap().contains("escape"),
+        problem["detail"].as_str().unwrap().contains("surrogate"),
         "{problem}"
     );
+    // Valid JSON past what an `f64` holds is taken as written, like any number.
+    let (status, answer) = publish("huge", r#"{"n":1e400}"#.to_owned()).await;
+    assert_eq!(status, 202, "{answer}");
+    eventually(Duration::from_secs(30), "delivered", || async {
+        (receiver.count() == 2).then_some(())
+    })
+    .await;
+    let body = receiver.got()[1].body.clone();
+    assert!(body.ends_with(r#""data":{"n":1e400}}"#), "{body}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(receiver.count(), 1, "nothing sent twice");
+    assert_eq!(receiver.count(), 2, "nothing sent twice, nothing refused sent");
 }

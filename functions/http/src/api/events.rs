@@ -12,7 +12,7 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{JsonBody, QueryMap};
+use super::extract::{has_lone_surrogate, JsonBody, QueryMap, LONE_SURROGATE};
 use super::problem::{ApiError, ApiResult};
 use super::schemas::ProblemResponses;
 use super::views::{Accepted, EventView};
@@ -73,6 +73,9 @@ pub(super) async fn publish(
                 "types starting with `{OPERATIONAL_PREFIX}` are reserved for Entrega's own events"
             ),
         ));
+    }
+    if has_lone_surrogate(body.data.get().as_bytes()) {
+        return Err(ApiError::invalid("data", LONE_SURROGATE));
     }
     let payload = String::from(Box::<str>::from(body.data));
     if payload.len() > MAX_PAYLOAD_BYTES {

@@ -59,50 +59,117 @@ fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 's
     false
 }
 
-/// Parse `bytes` as `T`. Two steps, so the status says whose fault it is: no body,
-/// or text that is not one JSON object (or has data after it), is a 400; valid JSON
-/// the route cannot take is a 422 naming the field (`"mode": null` included).
+/// Parse `bytes` as `T`, naming what is wrong when it cannot be: no body, or text
+/// that is not one JSON object (or has data after it), is a 400; valid JSON the route
+/// cannot take is a 422 naming the field (`"mode": null` included).
+///
+/// A body that fits is read once, straight into `T`. Only a refused one is read again,
+/// as a JSON value, to tell a malformed body (400) from a field the route cannot take
+/// (422): reading every body as a value first cost a second parse of each published
+/// event, and refused what a field kept as its text takes as written (a `data` of
+/// `1e400`, valid JSON past what an `f64` holds).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
             "this route takes a JSON object body (`{}` when every field is left out)",
         ));
     }
+    // A field given twice is refused here too (a value would keep the last).
+    let mut text = serde_json::Deserializer::from_slice(bytes);
+    let refused = match serde_path_to_error::deserialize(&mut text) {
+        Ok(parsed) if text.end().is_ok() => return Ok(parsed),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    };
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        if e.is_eof() || e.is_syntax() {
-            ApiError::bad_request(format!(
+        // The field whose text this error is in: where the parse into `T` stopped too.
+        let at_field = refused
+            .as_ref()
+            .filter(|r| (r.inner().line(), r.inner().column()) == (e.line(), e.column()))
+            .map(|r| r.path().to_string());
+        match at_field {
+            // Valid JSON text, but not text: name the field that holds it.
+            Some(path) if path != "." && e.is_syntax() && has_lone_surrogate(bytes) => {
+                ApiError::invalid(&path, LONE_SURROGATE)
+            }
+            _ if e.is_eof() || e.is_syntax() => ApiError::bad_request(format!(
                 "the body is not one valid JSON value (nothing may follow it): {e}"
-            ))
-        } else {
-            ApiError::bad_request(format!("the body is not valid JSON: {e}"))
+            )),
+            _ => ApiError::bad_request(format!("the body is not valid JSON: {e}")),
         }
     })?;
     if !value.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
-    // From the text, not from `value`: a field kept as its text (an event's `data`)
-    // would be `value` written out again, its big numbers rounded; and a field given
-    // twice is refused, where `value` kept the last.
-    let mut text = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut text).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if let Some(field) = missing_field(&inner.to_string()) {
-            let field = if path == "." {
-                field
-            } else {
-                format!("{path}.{field}")
-            };
-            ApiError::invalid(&field, "is required")
-        } else if path == "." {
-            match unknown_field(&inner.to_string()) {
-                Some(field) => ApiError::invalid(&field, "is not a field of this route"),
-                None => ApiError::bad_request(format!("the body does not fit this route: {inner}")),
-            }
+    let Some(e) = refused else {
+        // Only data after the object is left, which the value's parse refused.
+        return Err(ApiError::bad_request(
+            "the body is not one valid JSON value (nothing may follow it)",
+        ));
+    };
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    Err(if let Some(field) = missing_field(&inner.to_string()) {
+        let field = if path == "." {
+            field
         } else {
-            ApiError::invalid(&path, inner)
+            format!("{path}.{field}")
+        };
+        ApiError::invalid(&field, "is required")
+    } else if path == "." {
+        match unknown_field(&inner.to_string()) {
+            Some(field) => ApiError::invalid(&field, "is not a field of this route"),
+            None => ApiError::bad_request(format!("the body does not fit this route: {inner}")),
         }
+    } else {
+        ApiError::invalid(&path, inner)
     })
+}
+
+/// Why a lone surrogate escape is refused, wherever it is.
+pub const LONE_SURROGATE: &str = "holds a lone surrogate escape (`\\ud800` to `\\udfff` \
+     without its pair): valid JSON, but not text a receiver can decode";
+
+/// Whether JSON text `bytes` holds a `\u` escape of half a surrogate pair without the
+/// other half right after it. A field kept as its text (an event's `data`) is not
+/// decoded by the parse, so it is checked by this; every other string is decoded,
+/// which refuses them itself.
+pub fn has_lone_surrogate(bytes: &[u8]) -> bool {
+    let code_unit = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+    };
+    let mut high_pending = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            if high_pending {
+                return true;
+            }
+            i += 1;
+            continue;
+        }
+        // A backslash outside a string is not JSON; inside one, it starts an escape.
+        let escaped = bytes.get(i + 1).copied();
+        let unit = (escaped == Some(b'u')).then(|| code_unit(i + 2)).flatten();
+        match unit {
+            Some(0xD800..=0xDBFF) if !high_pending => {
+                high_pending = true;
+                i += 6;
+            }
+            Some(0xDC00..=0xDFFF) if high_pending => {
+                high_pending = false;
+                i += 6;
+            }
+            Some(0xD800..=0xDFFF) => return true,
+            _ if high_pending => return true,
+            Some(_) => i += 6,
+            None => i += 2,
+        }
+    }
+    high_pending
 }
 
 /// serde reports an unknown field as "unknown field `name`, expected …".
@@ -169,6 +236,96 @@ mod plain_text_tests {
             "a\u{0}b",
         ] {
             assert!(!is_plain_text(bad), "{bad:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod json_body_tests {
+    use super::{has_lone_surrogate, parse_json};
+    use axum::http::StatusCode;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        name: String,
+        data: Box<serde_json::value::RawValue>,
+    }
+
+    fn refused(text: &str) -> (StatusCode, Option<String>, String) {
+        let e = parse_json::<Body>(text.as_bytes()).expect_err(text);
+        (e.status, e.field.clone(), e.detail.clone())
+    }
+
+    #[test]
+    fn a_body_that_fits_is_taken_with_its_raw_field_as_written() {
+        let body: Body =
+            parse_json(br#"{"name":"a","data":{"n":1e400,"b":12345678901234567890123}}"#).unwrap();
+        assert_eq!(body.name, "a");
+        assert_eq!(
+            body.data.get(),
+            r#"{"n":1e400,"b":12345678901234567890123}"#
+        );
+    }
+
+    #[test]
+    fn each_refusal_says_whose_fault_it_is() {
+        for malformed in [
+            "",
+            " \n",
+            "{",
+            r#"{"name":"a","data":1} x"#,
+            r#"{"name":"a","data":1}{}"#,
+            "[1]",
+            "7",
+            r#"{"name":"a","data":[1,]}"#,
+            // Not `name`'s fault: the first error is `data`'s.
+            r#"{"data":"\ud800","name":[1,]}"#,
+            // Not the last one kept, as a value would.
+            r#"{"name":"a","name":"b","data":1}"#,
+        ] {
+            let (status, field, detail) = refused(malformed);
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{malformed:?}: {detail}");
+            assert_eq!(field, None, "{malformed:?}");
+        }
+        for (unfit, named) in [
+            (r#"{"data":1}"#, "name"),
+            (r#"{"name":1,"data":1}"#, "name"),
+            (r#"{"name":"a","data":1,"extra":2}"#, "extra"),
+            (r#"{"name":"\ud800","data":1}"#, "name"),
+            (r#"{"name":"a\ud83d\n","data":1}"#, "name"),
+        ] {
+            let (status, field, detail) = refused(unfit);
+            assert_eq!(
+                status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{unfit}: {detail}"
+            );
+            assert_eq!(field.as_deref(), Some(named), "{unfit}: {detail}");
+        }
+    }
+
+    #[test]
+    fn a_lone_surrogate_escape_is_found_and_a_pair_is_not() {
+        for lone in [
+            r#""\ud800""#,
+            r#""\uDC00""#,
+            r#""a\ud83dz""#,
+            r#""\ud83d\n""#,
+            r#""\ud83d\ud83d""#,
+            r#"["\ud83d","\ude00"]"#,
+        ] {
+            assert!(has_lone_surrogate(lone.as_bytes()), "{lone}");
+        }
+        for fine in [
+            r#""\ud83d\ude00""#,
+            r#""\\ud800""#,
+            r#""\u00e9 \"\\\/ \n""#,
+            r#"{"a":[1,2,{"b":"\uD83D\uDE00"}]}"#,
+            "\"😀 ü\"",
+        ] {
+            assert!(!has_lone_surrogate(fine.as_bytes()), "{fine}");
         }
     }
 }
