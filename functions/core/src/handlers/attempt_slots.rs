@@ -40,9 +40,9 @@ impl HeldSlots {
     }
 }
 
-/// The slots an attempt holds while its request runs: one of its endpoint's `max_concurrency`,
-/// and, for an endpoint slow lately where the runtime keeps a share for them, one of
-/// the slow endpoints' share. Or, when a pool has none free, what to do with the
+/// The slots an attempt holds while its request runs: one of its endpoint's
+/// `max_concurrency`, and, for an endpoint slow lately where the runtime keeps a share
+/// for them, one of the slow endpoints' share. Or, when a pool has none free, what to do with the
 /// message meanwhile.
 ///
 /// Why the share: on AWS an invocation lasts as long as its slowest attempt, so
