@@ -287,5 +287,9 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
     let body = receiver.got()[1].body.clone();
     assert!(body.ends_with(r#""data":{"n":1e400}}"#), "{body}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(receiver.count(), 2, "nothing sent twice, nothing refused sent");
+    assert_eq!(
+        receiver.count(),
+        2,
+        "nothing sent twice, nothing refused sent"
+    );
 }
