@@ -277,6 +277,11 @@ async fn data_is_delivered_as_written_and_big_numbers_are_not_rounded() {
         problem["detail"].as_str().unwrap().contains("surrogate"),
         "{problem}"
     );
+    // Nested past what receivers' parsers take (and what the body's parse took before).
+    let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    let (status, problem) = publish("deep", deep).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["field"], "data", "{problem}");
     // Valid JSON past what an `f64` holds is taken as written, like any number.
     let (status, answer) = publish("huge", r#"{"n":1e400}"#.to_owned()).await;
     assert_eq!(status, 202, "{answer}");

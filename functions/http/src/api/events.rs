@@ -12,8 +12,9 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{has_lone_surrogate, JsonBody, QueryMap, LONE_SURROGATE};
+use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
+use super::raw_json::raw_json_problem;
 use super::schemas::ProblemResponses;
 use super::views::{Accepted, EventView};
 use super::AppState;
@@ -74,8 +75,8 @@ pub(super) async fn publish(
             ),
         ));
     }
-    if has_lone_surrogate(body.data.get().as_bytes()) {
-        return Err(ApiError::invalid("data", LONE_SURROGATE));
+    if let Some(problem) = raw_json_problem(body.data.get().as_bytes()) {
+        return Err(ApiError::invalid("data", problem.describe()));
     }
     let payload = String::from(Box::<str>::from(body.data));
     if payload.len() > MAX_PAYLOAD_BYTES {

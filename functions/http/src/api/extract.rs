@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::problem::ApiError;
+use super::raw_json;
 
 /// Largest request body: the event payload limit plus room for the envelope.
 pub const MAX_BODY_BYTES: usize = entrega_core::event::MAX_PAYLOAD_BYTES + 4 * 1024;
@@ -89,8 +90,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             .map(|r| r.path().to_string());
         match at_field {
             // Valid JSON text, but not text: name the field that holds it.
-            Some(path) if path != "." && e.is_syntax() && has_lone_surrogate(bytes) => {
-                ApiError::invalid(&path, LONE_SURROGATE)
+            Some(path) if path != "." && raw_json::is_lone_surrogate_error(&e) => {
+                ApiError::invalid(&path, raw_json::RawJsonProblem::LoneSurrogate.describe())
             }
             _ if e.is_eof() || e.is_syntax() => ApiError::bad_request(format!(
                 "the body is not one valid JSON value (nothing may follow it): {e}"
@@ -124,52 +125,6 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         ApiError::invalid(&path, inner)
     })
-}
-
-/// Why a lone surrogate escape is refused, wherever it is.
-pub const LONE_SURROGATE: &str = "holds a lone surrogate escape (`\\ud800` to `\\udfff` \
-     without its pair): valid JSON, but not text a receiver can decode";
-
-/// Whether JSON text `bytes` holds a `\u` escape of half a surrogate pair without the
-/// other half right after it. A field kept as its text (an event's `data`) is not
-/// decoded by the parse, so it is checked by this; every other string is decoded,
-/// which refuses them itself.
-pub fn has_lone_surrogate(bytes: &[u8]) -> bool {
-    let code_unit = |at: usize| {
-        bytes
-            .get(at..at + 4)
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
-    };
-    let mut high_pending = false;
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'\\' {
-            if high_pending {
-                return true;
-            }
-            i += 1;
-            continue;
-        }
-        // A backslash outside a string is not JSON; inside one, it starts an escape.
-        let escaped = bytes.get(i + 1).copied();
-        let unit = (escaped == Some(b'u')).then(|| code_unit(i + 2)).flatten();
-        match unit {
-            Some(0xD800..=0xDBFF) if !high_pending => {
-                high_pending = true;
-                i += 6;
-            }
-            Some(0xDC00..=0xDFFF) if high_pending => {
-                high_pending = false;
-                i += 6;
-            }
-            Some(0xD800..=0xDFFF) => return true,
-            _ if high_pending => return true,
-            Some(_) => i += 6,
-            None => i += 2,
-        }
-    }
-    high_pending
 }
 
 /// serde reports an unknown field as "unknown field `name`, expected …".
@@ -242,7 +197,7 @@ mod plain_text_tests {
 
 #[cfg(test)]
 mod json_body_tests {
-    use super::{has_lone_surrogate, parse_json};
+    use super::parse_json;
     use axum::http::StatusCode;
 
     #[derive(Debug, serde::Deserialize)]
@@ -266,6 +221,17 @@ mod json_body_tests {
         assert_eq!(
             body.data.get(),
             r#"{"n":1e400,"b":12345678901234567890123}"#
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_a_malformed_body() {
+        let e = parse_json::<Body>(b"{\"name\":\"\xff\",\"data\":1}").expect_err("not UTF-8");
+        assert_eq!(
+            (e.status, e.field),
+            (StatusCode::BAD_REQUEST, None),
+            "{}",
+            e.detail
         );
     }
 
@@ -295,6 +261,7 @@ mod json_body_tests {
             (r#"{"name":"a","data":1,"extra":2}"#, "extra"),
             (r#"{"name":"\ud800","data":1}"#, "name"),
             (r#"{"name":"a\ud83d\n","data":1}"#, "name"),
+            (r#"{"name":"\udc00","data":1}"#, "name"),
         ] {
             let (status, field, detail) = refused(unfit);
             assert_eq!(
@@ -303,29 +270,6 @@ mod json_body_tests {
                 "{unfit}: {detail}"
             );
             assert_eq!(field.as_deref(), Some(named), "{unfit}: {detail}");
-        }
-    }
-
-    #[test]
-    fn a_lone_surrogate_escape_is_found_and_a_pair_is_not() {
-        for lone in [
-            r#""\ud800""#,
-            r#""\uDC00""#,
-            r#""a\ud83dz""#,
-            r#""\ud83d\n""#,
-            r#""\ud83d\ud83d""#,
-            r#"["\ud83d","\ude00"]"#,
-        ] {
-            assert!(has_lone_surrogate(lone.as_bytes()), "{lone}");
-        }
-        for fine in [
-            r#""\ud83d\ude00""#,
-            r#""\\ud800""#,
-            r#""\u00e9 \"\\\/ \n""#,
-            r#"{"a":[1,2,{"b":"\uD83D\uDE00"}]}"#,
-            "\"😀 ü\"",
-        ] {
-            assert!(!has_lone_surrogate(fine.as_bytes()), "{fine}");
         }
     }
 }
