@@ -2,7 +2,8 @@
 //! fresh SQLite store (full durability), then the embedded runtime's delivery loop —
 //! receive, sign, the SSRF-guarded transport, classify, record, settle — drains them to
 //! a loopback receiver answering 204, one endpoint at `max_concurrency`
-//! [`CONCURRENCY`]. The bare client POSTs the same 1 KiB body at the same concurrency.
+//! [`DEFAULT_CONCURRENCY`] (`ENTREGA_BENCH_CONCURRENCY` sets another). The bare client
+//! POSTs the same 1 KiB body at the same concurrency.
 //!
 //! Figures are printed, never asserted. `cargo bench -p entrega-embedded --bench
 //! worker`; `ENTREGA_BENCH_DELIVERIES` sets N (default [`DEFAULT_DELIVERIES`]).
@@ -32,7 +33,7 @@ use common::{bare_client, cpu_seconds, payload, start_receiver};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const DEFAULT_DELIVERIES: usize = 20_000;
-const CONCURRENCY: u32 = 64;
+const DEFAULT_CONCURRENCY: u32 = 64;
 /// How long the drain may take before the bench gives up.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
@@ -42,13 +43,17 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_DELIVERIES);
+    let concurrency: u32 = std::env::var("ENTREGA_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_CONCURRENCY);
     let (url, arrivals) = start_receiver().await;
     let me = std::process::id();
     let cpu_before = cpu_seconds(me);
-    let bare = bare_client(&url, n, CONCURRENCY as usize).await;
+    let bare = bare_client(&url, n, concurrency as usize).await;
     let bare_cpu = cpu_seconds(me) - cpu_before;
     println!(
-        "bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {CONCURRENCY}); \
+        "bare client: {bare:.0} requests/s ({n} POSTs of 1 KiB, concurrency {concurrency}); \
          CPU {:.1} µs a request (client and receiver)",
         1e6 * bare_cpu / n as f64
     );
@@ -79,7 +84,7 @@ async fn main() {
         .await
         .unwrap();
     let mut endpoint = Endpoint::new(tenant.id.clone(), url, now);
-    endpoint.max_concurrency = CONCURRENCY;
+    endpoint.max_concurrency = concurrency;
     services.store.create_endpoint(&endpoint).await.unwrap();
     let body = serde_json::to_string(&payload()["data"]).unwrap();
     for _ in 0..n {

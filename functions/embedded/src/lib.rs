@@ -6,6 +6,7 @@ mod arriving_body;
 pub mod cli;
 pub mod fan_out;
 pub mod http_server;
+pub mod lane_slots;
 pub mod listen;
 pub mod metrics;
 pub mod notifier;

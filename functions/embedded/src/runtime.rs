@@ -460,7 +460,11 @@ async fn gather_free_slots(slots: &Semaphore, in_flight: &mut JoinSet<()>) {
 }
 
 async fn run_delivery(services: &Services, conditions: &Conditions, message: ReceivedMessage) {
-    let outcome = handle_delivery(services, &message.body, message.receive_count).await;
+    let outcome = crate::lane_slots::handling(
+        &message.receipt,
+        handle_delivery(services, &message.body, message.receive_count),
+    )
+    .await;
     match &outcome {
         Ok(_) => conditions.recovered(Component::Deliveries),
         Err(e) => {

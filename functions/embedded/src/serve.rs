@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::lane_slots::LaneSlots;
 #[cfg(feature = "aws")]
 use entrega_aws::emulation::Emulation;
 #[cfg(feature = "aws")]
@@ -17,7 +18,6 @@ use entrega_core::conditions::Conditions;
 use entrega_core::ports::{
     Clock, NoMetrics, Notifier, Services, Settings, SystemClock, TenantStore,
 };
-use entrega_core::slots::InProcessSlots;
 use entrega_core::tenant::{generate_api_key, hash_api_key, Principal};
 use entrega_http::api::rate_limit::RateLimiter;
 use entrega_http::api::{router, App, AppState};
@@ -285,15 +285,16 @@ pub async fn open_sqlite_parts(
         store: Arc::new(store),
         deliveries: Arc::new(deliveries.clone()),
         failures: Arc::new(failures),
-        scheduler: Arc::new(deliveries),
+        scheduler: Arc::new(deliveries.clone()),
         notifier: Arc::new(EmbeddedNotifier::new(None, None).expect("no SMTP to configure")),
         transport,
         clock,
         metrics: Arc::new(NoMetrics),
         backlog: Arc::new(backlog.clone()),
         // The queue already hands out at most an endpoint's cap at once; the slots
-        // hold the same cap for the handler, as they do across Lambda invocations.
-        slots: Arc::new(InProcessSlots::default()),
+        // hold the same cap for the handler, as they do across Lambda invocations,
+        // and give the lane's place back with the slot once the request is over.
+        slots: Arc::new(LaneSlots::new(deliveries)),
         random: Arc::new(entrega_core::ports::SystemRandom),
         settings: Settings::default(),
     };

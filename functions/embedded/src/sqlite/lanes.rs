@@ -70,6 +70,10 @@ struct Message {
     receive_count: u32,
     /// When it was last handed out.
     handed_at: Millis,
+    /// Its attempt's request is over (the response is in, or it was never sent): in
+    /// flight until settled, but no longer against its lane's cap
+    /// ([`Scheduler::request_over`]).
+    request_over: bool,
     /// Handed out into one of the kept places (the shared ones all taken): see
     /// [`Scheduler::demote_from_kept_place`].
     in_kept_place: bool,
@@ -243,6 +247,7 @@ impl Scheduler {
                 receive_count: 0,
                 handed_at: 0,
                 in_kept_place: false,
+                request_over: false,
             },
         );
         self.activate(lane_id, now);
@@ -348,6 +353,29 @@ impl Scheduler {
             .expect("a message's lane")
             .ready
             .insert((visible_at, id));
+        self.activate(lane_id, now);
+        true
+    }
+
+    /// The request of the message's attempt is over (the response is in): its lane
+    /// may hand out another message now, while the outcome is still being written.
+    /// The lane's cap bounds the requests its endpoint answers at once; held until the
+    /// message was settled, the place also waited out the outcome's write and the
+    /// disk's sync, which at an endpoint's default cap of 8 was a quarter of the rate.
+    /// `false` for a stale receipt, a message not in flight, or one already over.
+    pub fn request_over(&mut self, id: MessageId, receipt: u64, now: Millis) -> bool {
+        let Some(message) = self.messages.get_mut(&id) else {
+            return false;
+        };
+        if !message.in_flight || message.receipt != receipt || message.request_over {
+            return false;
+        }
+        message.request_over = true;
+        let lane_id = message.lane;
+        self.lanes
+            .get_mut(&lane_id)
+            .expect("a message's lane")
+            .in_flight -= 1;
         self.activate(lane_id, now);
         true
     }

@@ -505,3 +505,44 @@ fn groups_not_yet_proven_quick_get_fewer_kept_places() {
     assert_eq!(ids(&s.receive(10, 50, VIS)), vec![101, 102, 103]);
     assert!(s.receive(10, 50, VIS).is_empty());
 }
+
+/// A lane's place goes back when its message's request is over, before the message
+/// is settled; settling it later does not give the place back a second time.
+#[test]
+fn a_request_over_frees_its_lanes_place_once() {
+    let mut s = Scheduler::new(1);
+    for id in 1..=3 {
+        s.insert(id, "tenant", Some("endpoint"), 1, 0, 0);
+    }
+    let first = s.receive(8, 0, VIS);
+    assert_eq!(ids(&first), vec![1], "the cap of 1 holds");
+    assert!(
+        !s.request_over(1, first[0].receipt + 1, 1),
+        "a stale receipt"
+    );
+    assert!(s.receive(8, 1, VIS).is_empty());
+
+    assert!(s.request_over(1, first[0].receipt, 2));
+    assert!(!s.request_over(1, first[0].receipt, 2), "once");
+    let second = s.receive(8, 2, VIS);
+    assert_eq!(
+        ids(&second),
+        vec![2],
+        "the place is free while 1 is recorded"
+    );
+
+    // 1 settled: its place was given back already, so 2 still holds the only one.
+    assert!(s.remove(1, first[0].receipt, 3));
+    assert!(
+        s.receive(8, 3, VIS).is_empty(),
+        "no second place from the settle"
+    );
+    // 2's visibility runs out (its request was never over): its place frees then,
+    // the one place.
+    let third = s.receive(8, 3 + VIS, VIS);
+    assert_eq!(third.len(), 1, "{third:?}");
+    assert!(
+        !s.request_over(2, second[0].receipt, 3 + VIS),
+        "a stale receipt"
+    );
+}

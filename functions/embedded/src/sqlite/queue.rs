@@ -230,6 +230,19 @@ impl SqliteQueue {
             .demote_if_lane_slow(id, number, now, may_demote)
     }
 
+    /// The request of the attempt for the message of `receipt` is over: its lane may
+    /// hand out its next message while this one's outcome is written (see
+    /// [`Scheduler::request_over`]). In memory only, as [`Self::note_slow`].
+    pub fn request_over(&self, receipt: &str) {
+        let Some((id, number)) = parse_receipt(receipt) else {
+            return;
+        };
+        let now = millis(self.clock.now());
+        if self.scheduler().request_over(id, number, now) {
+            self.wake_consumer();
+        }
+    }
+
     /// Wake a consumer waiting for work (a worker slot was given up).
     pub fn wake_consumer(&self) {
         self.work.notify_one();

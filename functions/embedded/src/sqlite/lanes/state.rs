@@ -63,10 +63,14 @@ impl Scheduler {
         let message = self.messages.get_mut(&id).expect("a message in flight");
         message.in_flight = false;
         let demoted = std::mem::take(&mut message.demoted);
+        // Its lane's place was given back already when its request was over.
+        let place_given_back = std::mem::take(&mut message.request_over);
         let lane_id = message.lane;
         self.set_slow_share(id, false);
         let lane = self.lanes.get_mut(&lane_id).expect("a message's lane");
-        lane.in_flight -= 1;
+        if !place_given_back {
+            lane.in_flight -= 1;
+        }
         let group_id = lane.group;
         if demoted {
             // Its share was given back when it was demoted; its lane may run again.
