@@ -11,6 +11,7 @@ pub mod listen;
 pub mod metrics;
 pub mod notifier;
 pub mod pg_outbox;
+pub mod restart;
 pub mod runtime;
 pub mod serve;
 pub mod slow_attempts;

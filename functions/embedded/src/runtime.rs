@@ -382,9 +382,11 @@ impl Runtime {
         }
     }
 
-    /// The sweeper, on a timer: the embedded queue shares the store's transactions, so
-    /// a lost message would take a bug or a hand-edited database; the sweep is the
-    /// same safety net as on AWS, from the same handler.
+    /// The sweeper, on a timer: the embedded queue shares the store's database, and a
+    /// message a crash kept from being written is queued at the next start
+    /// ([`crate::restart`]), so a lost message would take a failed write, a bug or a
+    /// hand-edited database; the sweep is the same safety net as on AWS, from the same
+    /// handler.
     async fn sweep_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         pause(&mut shutdown, SWEEP_INTERVAL).await;
         while !*shutdown.borrow() {

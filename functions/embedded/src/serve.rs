@@ -248,7 +248,8 @@ pub fn lock_database(db: &std::path::Path) -> Result<File, BoxError> {
     }
 }
 
-/// The SQLite adapters, with the previous process's unfinished work released.
+/// The SQLite adapters, with the previous process's unfinished work released (its
+/// leases) and repaired (its waiting deliveries without a message, [`crate::restart`]).
 pub async fn open_sqlite(
     db: &std::path::Path,
     clock: Arc<dyn Clock>,
@@ -298,6 +299,7 @@ pub async fn open_sqlite_parts(
         random: Arc::new(entrega_core::ports::SystemRandom),
         settings: Settings::default(),
     };
+    crate::restart::queue_orphaned_deliveries(&services, &backlog.store).await?;
     Ok((services, backlog))
 }
 

@@ -210,7 +210,8 @@ async fn unpause(
     // no message, which the next enable does not resume (it looks for paused ones).
     // Now the worker always sees "pending" and pauses it again, so the next enable
     // finds it. A crash (or a failed send) in between leaves pending deliveries
-    // without a message, which the sweeper queues again.
+    // without a message: the embedded runtime queues them at its next start, and the
+    // sweeper (on AWS, and for a failed send) once they are overdue.
     let now = services.clock.now();
     let mut moved = Vec::new();
     for delivery in paused {

@@ -135,21 +135,7 @@ async fn requeue_once(
             queued: false,
         });
     }
-    let sent = async {
-        // The cap of the endpoint as it is now; one deleted meanwhile still needs the
-        // message, so that the worker ends its delivery.
-        let cap = services
-            .store
-            .get_endpoint(&delivery.endpoint_id)
-            .await?
-            .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
-                e.max_concurrency
-            });
-        let message = DeliveryTask::for_delivery(delivery).message(cap, Duration::ZERO);
-        services.deliveries.send(vec![message]).await
-    }
-    .await;
-    if let Err(e) = sent {
+    if let Err(e) = queue_again(services, delivery).await {
         // Not queued: the next sweep must be free to try again.
         services.store.forget(&claim).await?;
         return Err(e);
@@ -164,6 +150,21 @@ async fn requeue_once(
         at: now,
         queued: true,
     })
+}
+
+/// Queue a message for `delivery` once more (its own message was lost).
+pub async fn queue_again(services: &Services, delivery: &Delivery) -> StoreResult<()> {
+    // The cap of the endpoint as it is now; one deleted meanwhile still needs the
+    // message, so that the worker ends its delivery.
+    let cap = services
+        .store
+        .get_endpoint(&delivery.endpoint_id)
+        .await?
+        .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
+            e.max_concurrency
+        });
+    let message = DeliveryTask::for_delivery(delivery).message(cap, Duration::ZERO);
+    services.deliveries.send(vec![message]).await
 }
 
 #[cfg(test)]

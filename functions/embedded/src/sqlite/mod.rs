@@ -171,4 +171,30 @@ impl SqliteStore {
             })
             .await
     }
+
+    /// Waiting deliveries that no message of the delivery queue names, most overdue
+    /// first, at most `limit`: at start, those whose message the previous process had
+    /// not yet written when it stopped (see [`crate::restart`]).
+    pub async fn waiting_without_message(
+        &self,
+        limit: usize,
+    ) -> StoreResult<Vec<entrega_core::delivery::Delivery>> {
+        self.db
+            .read(move |conn| {
+                // `IS NOT NULL`: a resume task names no delivery, and one NULL in a
+                // `NOT IN` list makes the test unknown for every row.
+                json_rows(
+                    conn,
+                    "SELECT json FROM deliveries
+                     WHERE due_at IS NOT NULL
+                       AND id NOT IN (SELECT json_extract(body, '$.delivery_id') FROM queue
+                                      WHERE queue = ?1
+                                        AND json_extract(body, '$.delivery_id') IS NOT NULL)
+                     ORDER BY due_at
+                     LIMIT ?2",
+                    rusqlite::params![queue::DELIVERY_QUEUE, limit as i64],
+                )
+            })
+            .await
+    }
 }

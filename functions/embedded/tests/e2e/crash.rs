@@ -299,3 +299,59 @@ async fn an_attempt_a_resend_superseded_stays_on_record_through_a_crash() {
     );
     assert_eq!(receiver.count(), 2);
 }
+
+/// A stop between a delivery's write and its message's (a resume step marks a page
+/// pending, then queues it; a hostile test found 53 – 235 deliveries left so by a
+/// `kill -9` just after an enable) leaves it waiting with no message. The restart
+/// queues it at once; the sweeper would have taken 15 – 20 minutes. Here the message
+/// of a retry waiting its turn is the one missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_left_without_its_message_is_queued_at_the_restart() {
+    let dir = TempDir::new("crash-orphan");
+    let mut server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
+    acme.endpoint(json!({
+        "url": receiver.url("/"),
+        "retry": {"delays_s": [2], "jitter": 0}
+    }))
+    .await;
+    let evt = acme.publish("a.b", json!({})).await;
+    eventually(
+        Duration::from_secs(5),
+        "the first attempt failed",
+        || async {
+            let deliveries = acme.deliveries_of(&evt).await;
+            let d = &deliveries[0];
+            // Its outcome recorded: waiting for the retry, no attempt under way.
+            (d["last_status_code"] == 503 && d["status"] == "pending").then_some(())
+        },
+    )
+    .await;
+    server.kill_hard();
+    // What the crash window leaves: the delivery waiting, its message never written.
+    let lost = rusqlite::Connection::open(dir.0.join("entrega.db"))
+        .unwrap()
+        .execute(
+            "DELETE FROM queue WHERE json_extract(body, '$.delivery_id') IS NOT NULL",
+            [],
+        )
+        .unwrap();
+    assert_eq!(lost, 1, "the delivery's one message");
+
+    let server = Server::start(&dir);
+    let acme = Api {
+        base: server.base.clone(),
+        ..acme
+    };
+    eventually(
+        Duration::from_secs(20),
+        "delivered after the restart",
+        || async {
+            let deliveries = acme.deliveries_of(&evt).await;
+            (deliveries[0]["status"] == "delivered").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(receiver.count(), 2, "the failed attempt, then the retry");
+}
