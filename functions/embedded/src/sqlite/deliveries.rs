@@ -16,7 +16,7 @@ use super::{json_row, json_rows, ts, DbError, SqliteStore};
 /// A time as serde stores it in a record's JSON (RFC 3339, UTC, `Z`), to compare as
 /// text with the times in it: ordered as the times are, to within a second's
 /// fraction digits.
-fn json_time(t: DateTime<Utc>) -> String {
+pub(super) fn json_time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 

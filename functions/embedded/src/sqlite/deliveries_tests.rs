@@ -152,9 +152,26 @@ async fn a_restart_releases_every_lease_of_the_previous_process() {
         d.lease_until = Some(Utc::now() + chrono::Duration::seconds(60));
         leased.push(store.save_delivery(&d, &[]).await.unwrap());
     }
+    // The one mid-attempt had its lease only, no next attempt.
+    let mut attempting = leased[0].clone();
+    attempting.next_attempt_at = None;
+    leased[0] = store.save_delivery(&attempting, &[]).await.unwrap();
+    let restarted = Utc::now();
     assert_eq!(store.release_dead_leases().await.unwrap(), 2);
-    for d in leased {
+    for d in &leased {
         let stored = store.get_delivery(&d.id).await.unwrap().unwrap();
         assert_eq!((stored.state, stored.lease_until), (d.state, None));
+        assert!(stored.next_attempt_at.is_some(), "due again: {stored:?}");
     }
+    // Due by the restart, so in the sweeper's view and in the start's repair.
+    let due = |found: Vec<Delivery>| {
+        let mut ids: Vec<_> = found.into_iter().map(|d| d.id).collect();
+        ids.sort();
+        ids
+    };
+    let mut all: Vec<_> = leased.iter().map(|d| d.id.clone()).collect();
+    all.sort();
+    let later = restarted + chrono::Duration::seconds(1);
+    assert_eq!(due(store.overdue_deliveries(later, 10).await.unwrap()), all);
+    assert_eq!(due(store.waiting_without_message(10).await.unwrap()), all);
 }

@@ -157,17 +157,26 @@ impl SqliteStore {
     /// database is locked to one process, so every lease it held is void (also one a
     /// resend kept from the attempt it superseded). Clearing them lets the restarted
     /// worker resume at once instead of waiting them out.
+    ///
+    /// An attempt's delivery has no next attempt set, only its lease: with the lease
+    /// gone it would be due at no time, out of the sweeper's view (and of the start's
+    /// repair, [`crate::restart`]) until its message came back. It is due now.
     pub async fn release_dead_leases(&self) -> StoreResult<usize> {
+        let now = deliveries::json_time(self.clock.now());
         self.db
-            .call(|conn| {
+            .call(move |conn| {
                 Ok(conn
                     .prepare_cached(
-                        "UPDATE deliveries SET json = json_set(json, '$.lease_until', json('null')),
-                                               due_at = json_extract(json, '$.next_attempt_at')
-                     WHERE state = 'delivering'
-                        OR (state = 'pending' AND json_extract(json, '$.lease_until') IS NOT NULL)",
+                        "UPDATE deliveries
+                         SET json = json_set(json,
+                                '$.lease_until', json('null'),
+                                '$.next_attempt_at',
+                                    COALESCE(json_extract(json, '$.next_attempt_at'), ?1)),
+                             due_at = COALESCE(json_extract(json, '$.next_attempt_at'), ?1)
+                         WHERE state = 'delivering'
+                            OR (state = 'pending' AND json_extract(json, '$.lease_until') IS NOT NULL)",
                     )?
-                    .execute([])?)
+                    .execute([&now])?)
             })
             .await
     }
