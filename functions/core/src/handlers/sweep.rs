@@ -20,6 +20,7 @@
 //! would read the same most overdue [`SWEEP_BATCH`] again, all claimed, and never
 //! reach a lost message behind them.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
@@ -27,6 +28,7 @@ use tracing::{info_span, Instrument};
 
 use crate::delivery::Delivery;
 use crate::event::format_timestamp;
+use crate::ids::EndpointId;
 use crate::ports::{Services, StoreResult};
 
 use super::task::DeliveryTask;
@@ -135,7 +137,7 @@ async fn requeue_once(
             queued: false,
         });
     }
-    if let Err(e) = queue_again(services, delivery).await {
+    if let Err(e) = queue_again(services, std::slice::from_ref(delivery)).await {
         // Not queued: the next sweep must be free to try again.
         services.store.forget(&claim).await?;
         return Err(e);
@@ -152,19 +154,30 @@ async fn requeue_once(
     })
 }
 
-/// Queue a message for `delivery` once more (its own message was lost).
-pub async fn queue_again(services: &Services, delivery: &Delivery) -> StoreResult<()> {
-    // The cap of the endpoint as it is now; one deleted meanwhile still needs the
-    // message, so that the worker ends its delivery.
-    let cap = services
-        .store
-        .get_endpoint(&delivery.endpoint_id)
-        .await?
-        .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
-            e.max_concurrency
-        });
-    let message = DeliveryTask::for_delivery(delivery).message(cap, Duration::ZERO);
-    services.deliveries.send(vec![message]).await
+/// Queue a message for each of `deliveries` once more (their own were lost), in one
+/// send, each to its endpoint's cap as it is now (read once per endpoint). One deleted
+/// meanwhile still needs the message, so that the worker ends its delivery.
+pub async fn queue_again(services: &Services, deliveries: &[Delivery]) -> StoreResult<()> {
+    let mut caps: HashMap<&EndpointId, u32> = HashMap::new();
+    let mut messages = Vec::with_capacity(deliveries.len());
+    for delivery in deliveries {
+        let cap = match caps.get(&delivery.endpoint_id) {
+            Some(cap) => *cap,
+            None => {
+                let cap = services
+                    .store
+                    .get_endpoint(&delivery.endpoint_id)
+                    .await?
+                    .map_or(crate::endpoint::DEFAULT_MAX_CONCURRENCY, |e| {
+                        e.max_concurrency
+                    });
+                caps.insert(&delivery.endpoint_id, cap);
+                cap
+            }
+        };
+        messages.push(DeliveryTask::for_delivery(delivery).message(cap, Duration::ZERO));
+    }
+    services.deliveries.send(messages).await
 }
 
 #[cfg(test)]
