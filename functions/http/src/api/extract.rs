@@ -202,7 +202,6 @@ mod json_body_tests {
 
     #[derive(Debug, serde::Deserialize)]
     #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
     struct Body {
         name: String,
         data: Box<serde_json::value::RawValue>,
