@@ -260,6 +260,19 @@ async fn unknown_and_repeated_query_parameters_are_refused() {
     assert_eq!((status, problem["field"].as_str()), (400, Some("verbose")));
     let (status, _) = acme.call("HEAD", "/v1/deliveries?bogus=1", None).await;
     assert_eq!(status, 400, "a HEAD is checked as its GET");
+    // Without a valid key the answer is the 401, as for any other request: the 400
+    // listed the route's parameters to anyone.
+    let nobody = Api {
+        key: "ent_wrong".into(),
+        ..acme.clone()
+    };
+    let (status, problem) = nobody.get("/v1/deliveries?bogus=1").await;
+    assert_eq!(status, 401, "{problem}");
+    assert!(problem.get("field").is_none(), "{problem}");
+    let raw = reqwest::get(format!("{}/v1/deliveries?bogus=1", server.base))
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 401);
     let (_, now) = acme.get(&ep).await;
     assert_eq!(now["secret"], endpoint["secret"], "not rotated");
     let (_, page) = acme.get("/v1/deliveries").await;
@@ -324,6 +337,79 @@ async fn a_body_field_given_twice_is_refused() {
         let detail = problem["detail"].as_str().unwrap();
         assert!(detail.contains("duplicate field"), "{path}: {problem}");
     }
+    // An array of a route's fields in order is not its object: it published an event.
+    for (path, body) in [
+        ("/v1/events", r#"["order.created",{"x":1}]"#),
+        ("/v1/endpoints", r#"["https://a.example.com/"]"#),
+    ] {
+        let (status, problem) = acme.post_text(path, body.to_owned()).await;
+        assert_eq!(status, 400, "{path}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("JSON object"),
+            "{path}: {problem}"
+        );
+    }
     let (status, page) = acme.get("/v1/endpoints").await;
     assert_eq!((status, page["data"].as_array().unwrap().len()), (200, 0));
+}
+
+/// A route that takes no body takes nothing, or `{}`: a field is a 422 naming it and
+/// anything else a 400, before the route acts. `{"secret": …}` to `rotate-secret`
+/// answered 200 with a secret of the server's choosing (a hostile test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_that_takes_no_body_refuses_one() {
+    let dir = TempDir::new("no-body");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let endpoint = acme
+        .endpoint(json!({"url": "https://hooks.example.com/", "disabled": true}))
+        .await;
+    let rotate = format!(
+        "/v1/endpoints/{}/rotate-secret",
+        endpoint["id"].as_str().unwrap()
+    );
+    let secret_now = || async {
+        let (_, now) = acme
+            .get(&format!(
+                "/v1/endpoints/{}",
+                endpoint["id"].as_str().unwrap()
+            ))
+            .await;
+        now["secret"].clone()
+    };
+    let chosen = json!({"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"});
+    let (status, problem) = acme.post(&rotate, chosen).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("secret")),
+        "{problem}"
+    );
+    for body in ["rotate please", "[]", "null", "{} {}"] {
+        let (status, problem) = acme.post_text(&rotate, body.to_owned()).await;
+        assert_eq!(status, 400, "{body}: {problem}");
+    }
+    assert_eq!(secret_now().await, endpoint["secret"], "not rotated");
+    let (status, rotated) = acme.call("POST", &rotate, None).await;
+    assert_eq!(status, 200, "no body: {rotated}");
+    assert_ne!(rotated["secret"], endpoint["secret"]);
+    let (status, again) = acme.post_text(&rotate, " { } ".to_owned()).await;
+    assert_eq!(status, 200, "`{{}}`: {again}");
+    assert_ne!(again["secret"], rotated["secret"]);
+
+    // The resend buttons: the body is checked before the record is looked up.
+    for path in [
+        format!("/v1/deliveries/dlv_{}/resend", "0".repeat(32)),
+        format!("/v1/failures/fail_{}/resend", "0".repeat(32)),
+    ] {
+        let (status, problem) = acme.post(&path, json!({"at": "later"})).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some("at")),
+            "{path}"
+        );
+        let (status, problem) = acme.post(&path, json!({})).await;
+        assert_eq!(status, 404, "{path}: {problem}");
+        let (status, problem) = acme.call("POST", &path, None).await;
+        assert_eq!(status, 404, "{path}: {problem}");
+    }
 }

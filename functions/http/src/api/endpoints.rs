@@ -17,7 +17,7 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{JsonBody, QueryMap};
+use super::extract::{JsonBody, NoBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
 use super::schemas::{DeliveryModeDoc, ProblemResponses, RetrySpecDoc};
 use super::views::{EndpointView, Page};
@@ -405,6 +405,7 @@ pub(super) async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<Json<EndpointView>> {
     let now = state.services.clock.now();
     let (_, endpoint) = change_endpoint(&state, &caller, &id, |endpoint| {

@@ -19,20 +19,46 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(MAX_BODY_BYTES)
-            } else if caused_by::<BodyTooSlow>(&e) {
-                ApiError::body_timeout()
-            } else {
-                ApiError::bad_request(
-                    "the request body could not be read (broken chunked encoding, or the \
-                     connection ended early)",
-                )
-            }
-        })?;
-        parse_json(&bytes).map(JsonBody)
+        parse_json(&read_body(req, state).await?).map(JsonBody)
     }
+}
+
+/// The body of a route that takes none: nothing, or `{}` (what the CLI sends). Any
+/// field is a 422 naming it, anything else a 400. Why not ignore it: `{"secret": …}`
+/// to `rotate-secret` set no secret of the caller's choosing, yet answered 200.
+pub struct NoBody;
+
+/// What [`NoBody`] accepts when a body is sent: an object with no fields.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = read_body(req, state).await?;
+        if !bytes.iter().all(u8::is_ascii_whitespace) {
+            parse_json::<NoFields>(&bytes)?;
+        }
+        Ok(NoBody)
+    }
+}
+
+/// The whole request body, within [`MAX_BODY_BYTES`] and the server's deadline.
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(MAX_BODY_BYTES)
+        } else if caused_by::<BodyTooSlow>(&e) {
+            ApiError::body_timeout()
+        } else {
+            ApiError::bad_request(
+                "the request body could not be read (broken chunked encoding, or the \
+                 connection ended early)",
+            )
+        }
+    })
 }
 
 /// What a server's request body gives when the body did not arrive whole in time
@@ -78,7 +104,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // A field given twice is refused here too (a value would keep the last).
     let mut text = serde_json::Deserializer::from_slice(bytes);
     let refused = match serde_path_to_error::deserialize(&mut text) {
-        Ok(parsed) if text.end().is_ok() => return Ok(parsed),
+        // A struct also reads from an array of its fields in order: `["a", {}]`
+        // published an event of type `a`. Only an object is taken.
+        Ok(parsed) if text.end().is_ok() && starts_as_object(bytes) => return Ok(parsed),
         Ok(_) => None,
         Err(e) => Some(e),
     };
@@ -125,6 +153,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         ApiError::invalid(&path, inner)
     })
+}
+
+/// Whether the JSON text is an object: its first byte past whitespace opens one.
+fn starts_as_object(bytes: &[u8]) -> bool {
+    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// serde reports an unknown field as "unknown field `name`, expected …".
@@ -243,6 +276,9 @@ mod json_body_tests {
             r#"{"name":"a","data":1} x"#,
             r#"{"name":"a","data":1}{}"#,
             "[1]",
+            // Its fields in order: a struct reads from that too.
+            r#"["a",1]"#,
+            " \n[\"a\",{}]",
             "7",
             r#"{"name":"a","data":[1,]}"#,
             // Not `name`'s fault: the first error is `data`'s.

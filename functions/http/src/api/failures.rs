@@ -10,7 +10,7 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{JsonBody, QueryMap};
+use super::extract::{JsonBody, NoBody, QueryMap};
 use super::idempotency::{fingerprint, IdempotentRequest};
 use super::problem::{ApiError, ApiResult};
 use super::resend::{resend_once, RESEND_FAILURE};
@@ -93,6 +93,7 @@ pub(super) async fn resend_failure(
     caller: Caller,
     headers: HeaderMap,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     let failure = load_failure(&state, &caller, &id).await?;
     let request = IdempotentRequest::new(&headers, &caller, RESEND_FAILURE, fingerprint(&id))?;

@@ -250,7 +250,10 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .merge(stats::router())
         .merge(openapi::router())
         .merge(crate::console::router())
-        .route_layer(axum::middleware::from_fn(query_params::refuse_undocumented))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            query_params::refuse_undocumented,
+        ))
         .fallback(no_route)
         .layer(axum::middleware::from_fn(problems_only))
         .layer(axum::middleware::from_fn_with_state(

@@ -9,12 +9,14 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::auth::Caller;
 use super::openapi::DOCUMENT_JSON;
 use super::problem::ApiError;
+use super::AppState;
 
 /// `(method, path template)` → the query parameters the document gives it.
 type Documented = HashMap<(String, String), Vec<String>>;
@@ -41,11 +43,24 @@ fn documented(document: &str) -> Documented {
 
 /// Middleware (a route layer, so the route is known): a `/v1` request with a query
 /// parameter its route does not take, or one given twice, is a 400 naming it.
-pub async fn refuse_undocumented(request: Request, next: Next) -> Response {
-    if let Err(e) = check(&request) {
-        return e.into_response();
+///
+/// A caller without a valid key is told that first (401), as on every other refusal:
+/// the 400 named the route's parameters to anyone who asked. The key is looked up only
+/// on this path, so a request the check lets through is authenticated once, by its
+/// handler.
+pub async fn refuse_undocumented(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Err(refused) = check(&request) else {
+        return next.run(request).await;
+    };
+    let (mut parts, _) = request.into_parts();
+    match Caller::from_request_parts(&mut parts, &state).await {
+        Ok(_) => refused.into_response(),
+        Err(unauthenticated) => unauthenticated.into_response(),
     }
-    next.run(request).await
 }
 
 fn check(request: &Request) -> Result<(), ApiError> {

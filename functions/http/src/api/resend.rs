@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::deliveries::{event_type_filter, load_delivery};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, NoBody};
 use super::idempotency::{fingerprint, IdempotentRequest};
 use super::problem::{ApiError, ApiResult};
 use super::schemas::ProblemResponses;
@@ -63,6 +63,7 @@ pub(super) async fn resend_single(
     caller: Caller,
     headers: HeaderMap,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     let delivery = load_delivery(&state, &caller, &id).await?;
     let request = IdempotentRequest::new(&headers, &caller, RESEND_DELIVERY, fingerprint(&id))?;
