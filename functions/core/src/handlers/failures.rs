@@ -14,7 +14,9 @@ use crate::failure::{Acknowledgement, Failure, FailureNotice, FailureReason, Rea
 use crate::ids::FailureId;
 use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
 
-use super::notices::{mark_sent, notify_once, owner_of, publish_operational, send, take_claim};
+use super::notices::{
+    mark_sent, notify_once, owner_of, publish_operational, send, take_claim, OperationalEvent,
+};
 
 /// Failures per tenant per hour above which on-call hears about it (DESIGN.md).
 pub const DEFAULT_ALERT_THRESHOLD: u64 = 10;
@@ -143,10 +145,8 @@ async fn side_effects(
     }
     if failure.reason == FailureReason::Exhausted && !is_operational(&failure.event_type) {
         tell_owner(services, failure, window).await?;
-        let id = format!(
-            "entrega-exhausted-{}-{}",
-            failure.delivery_id, notice.generation
-        );
+        let kind = OperationalEvent::DeliveryExhausted;
+        let id = kind.id(&failure.delivery_id, notice.generation);
         let data = serde_json::json!({
             "delivery_id": failure.delivery_id,
             "event_id": failure.event_id,
@@ -154,14 +154,7 @@ async fn side_effects(
             "endpoint_id": failure.endpoint_id,
             "last_error": failure.last_error,
         });
-        publish_operational(
-            services,
-            &failure.tenant_id,
-            "entrega.delivery.exhausted",
-            &id,
-            data,
-        )
-        .await?;
+        publish_operational(services, &failure.tenant_id, kind, &id, data).await?;
     }
     Ok(())
 }

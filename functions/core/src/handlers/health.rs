@@ -17,7 +17,7 @@ use crate::endpoint::Endpoint;
 use crate::endpoint_health::{self, HealthEvent};
 use crate::ports::{Notice, Services, StoreError, StoreResult};
 
-use super::notices::{notify_once, owner_of, publish_operational};
+use super::notices::{notify_once, owner_of, publish_operational, OperationalEvent};
 
 /// Failing this long, every attempt, disables an endpoint.
 pub const DEFAULT_UNHEALTHY_AFTER: Duration = Duration::from_secs(5 * 24 * 3600);
@@ -75,17 +75,11 @@ pub async fn observe(
     for event in events {
         match event {
             HealthEvent::Recovered { since } => {
-                let id = format!("entrega-recovered-{}-{}", endpoint.id, now.timestamp());
+                let kind = OperationalEvent::EndpointRecovered;
+                let id = kind.id(&endpoint.id, now.timestamp());
                 let data =
                     serde_json::json!({ "endpoint_id": endpoint.id, "failing_since": since });
-                publish_operational(
-                    services,
-                    &endpoint.tenant_id,
-                    "entrega.endpoint.recovered",
-                    &id,
-                    data,
-                )
-                .await?;
+                publish_operational(services, &endpoint.tenant_id, kind, &id, data).await?;
             }
             HealthEvent::FailingTooLong { days } => {
                 disable(
@@ -136,17 +130,11 @@ pub async fn disable(
         );
         notify_once(services, &claim, None, NOTICE_CLAIM_TTL, notice).await?;
     }
-    let id = format!("entrega-disabled-{}-{}", endpoint.id, now.timestamp());
+    let kind = OperationalEvent::EndpointDisabled;
+    let id = kind.id(&endpoint.id, now.timestamp());
     let data =
         serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.url, "reason": reason });
-    publish_operational(
-        services,
-        &endpoint.tenant_id,
-        "entrega.endpoint.disabled",
-        &id,
-        data,
-    )
-    .await
+    publish_operational(services, &endpoint.tenant_id, kind, &id, data).await
 }
 
 /// Mark the endpoint as stored now disabled, conditionally on the version read.

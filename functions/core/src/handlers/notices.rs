@@ -92,12 +92,46 @@ pub async fn owner_of(services: &Services, tenant: &TenantId) -> StoreResult<Opt
         }))
 }
 
-/// Publish one of Entrega's own events (`entrega.*`) for the tenant's opted-in
-/// endpoints. `id` makes it idempotent: a replay publishes nothing new.
+/// The start of every id Entrega gives its own events. The API refuses it to
+/// producers: a tenant that published `entrega-exhausted-<its delivery>-0` first made
+/// the real event a replay, never sent (a hostile test).
+pub const OPERATIONAL_ID_PREFIX: &str = "entrega-";
+
+/// Entrega's own events (`entrega.*`), which an endpoint receives only if it names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationalEvent {
+    DeliveryExhausted,
+    EndpointDisabled,
+    EndpointRecovered,
+}
+
+impl OperationalEvent {
+    pub fn event_type(self) -> &'static str {
+        match self {
+            Self::DeliveryExhausted => "entrega.delivery.exhausted",
+            Self::EndpointDisabled => "entrega.endpoint.disabled",
+            Self::EndpointRecovered => "entrega.endpoint.recovered",
+        }
+    }
+
+    /// Its id: what it tells, about which record, at which point of it (a generation,
+    /// a time), so that telling it again is a replay, not a second event.
+    pub fn id(self, about: impl std::fmt::Display, at: impl std::fmt::Display) -> String {
+        let what = match self {
+            Self::DeliveryExhausted => "exhausted",
+            Self::EndpointDisabled => "disabled",
+            Self::EndpointRecovered => "recovered",
+        };
+        format!("{OPERATIONAL_ID_PREFIX}{what}-{about}-{at}")
+    }
+}
+
+/// Publish one of Entrega's own events for the tenant's opted-in endpoints, once:
+/// `id` ([`OperationalEvent::id`]) makes it idempotent, a replay publishes nothing new.
 pub async fn publish_operational(
     services: &Services,
     tenant: &TenantId,
-    event_type: &str,
+    kind: OperationalEvent,
     id: &str,
     data: serde_json::Value,
 ) -> StoreResult<()> {
@@ -108,9 +142,41 @@ pub async fn publish_operational(
     let event = Event {
         id,
         tenant_id: tenant.clone(),
-        event_type: event_type.to_owned(),
+        event_type: kind.event_type().to_owned(),
         payload: data.to_string(),
         created_at: services.clock.now(),
     };
     services.store.publish(&event).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::is_operational;
+
+    /// Ids already given stay what they were (a replay after an upgrade is still one
+    /// event), and each kind's id and type are in the reserved spaces.
+    #[test]
+    fn operational_ids_keep_their_form_and_their_reserved_prefix() {
+        let kinds = [
+            (
+                OperationalEvent::DeliveryExhausted,
+                "entrega-exhausted-dlv_1-2",
+            ),
+            (
+                OperationalEvent::EndpointDisabled,
+                "entrega-disabled-dlv_1-2",
+            ),
+            (
+                OperationalEvent::EndpointRecovered,
+                "entrega-recovered-dlv_1-2",
+            ),
+        ];
+        for (kind, id) in kinds {
+            assert_eq!(kind.id("dlv_1", 2), id);
+            assert!(id.parse::<EventId>().is_ok(), "{id}");
+            assert!(kind.id("x", 0).starts_with(OPERATIONAL_ID_PREFIX));
+            assert!(is_operational(kind.event_type()), "{kind:?}");
+        }
+    }
 }

@@ -139,12 +139,13 @@ pub fn cell(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    text.chars()
-        .map(|c| {
-            if entrega_core::text::is_hidden_or_control(c) {
-                c.escape_unicode().to_string()
+    let chars: Vec<char> = text.chars().collect();
+    (0..chars.len())
+        .map(|i| {
+            if entrega_core::text::is_hidden_at(&chars, i) {
+                chars[i].escape_unicode().to_string()
             } else {
-                c.to_string()
+                chars[i].to_string()
             }
         })
         .collect()

@@ -190,7 +190,10 @@ async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lo
     let receiver = Receiver::answering(503).await;
     acme.endpoint(json!({"url": receiver.url("/"), "retry": "persistent"}))
         .await;
-    let (mut accepted, mut refused) = (Vec::new(), 0);
+    let first = json!({"id": "order-1", "type": "a.b", "data": {"i": -1}});
+    let (status, _) = acme.post("/v1/events", first.clone()).await;
+    assert_eq!(status, 202);
+    let (mut accepted, mut refused) = (vec![json!("order-1")], 0);
     for i in 0..60 {
         let resp = acme
             .client
@@ -214,6 +217,18 @@ async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lo
         "{} accepted, {refused} refused",
         accepted.len()
     );
+    // Sent again (its 202 lost), an accepted event is still accepted, backlog full or
+    // not; another event under its id is still a conflict, and a new one waits.
+    let (status, again) = acme.post("/v1/events", first).await;
+    assert_eq!(
+        (status, again["id"].as_str()),
+        (202, Some("order-1")),
+        "{again}"
+    );
+    let changed = json!({"id": "order-1", "type": "a.b", "data": {"i": -2}});
+    assert_eq!(acme.post("/v1/events", changed).await.0, 409);
+    let new = json!({"id": "order-2", "type": "a.b", "data": {}});
+    assert_eq!(acme.post("/v1/events", new).await.0, 429);
     // Another tenant is not held back by this one's backlog.
     assert_eq!(
         other

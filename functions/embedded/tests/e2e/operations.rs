@@ -63,6 +63,17 @@ async fn twelve_failures_raise_one_alert_and_three_raise_none() {
             json!({"url": watcher.url("/ops"), "event_types": ["entrega.delivery.exhausted"]}),
         )
         .await;
+    // Its event ids are Entrega's alone: a tenant that took `entrega-exhausted-<its
+    // delivery>-0` first made the real event a replay, never sent.
+    for id in ["entrega-exhausted-dlv_x-0", "Entrega-disabled-ep_x-1"] {
+        let event = json!({"id": id, "type": "a.b", "data": {}});
+        let (status, problem) = noisy.post("/v1/events", event).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some("id")),
+            "{id}: {problem}"
+        );
+    }
     publish_n(&noisy, 12).await;
     publish_n(&quiet, 3).await;
     eventually(Duration::from_secs(20), "15 failure records", || async {

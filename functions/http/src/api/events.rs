@@ -6,6 +6,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use entrega_core::endpoint::{is_operational, validate_event_type, OPERATIONAL_PREFIX};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
+use entrega_core::handlers::notices::OPERATIONAL_ID_PREFIX;
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::Published;
 use serde::Deserialize;
@@ -75,6 +76,18 @@ pub(super) async fn publish(
             ),
         ));
     }
+    if body.id.as_ref().is_some_and(|id| {
+        id.as_str()
+            .to_ascii_lowercase()
+            .starts_with(OPERATIONAL_ID_PREFIX)
+    }) {
+        return Err(ApiError::invalid(
+            "id",
+            format!(
+                "ids starting with `{OPERATIONAL_ID_PREFIX}` are reserved for Entrega's own events"
+            ),
+        ));
+    }
     if let Some(problem) = raw_json_problem(body.data.get().as_bytes()) {
         return Err(ApiError::invalid("data", problem.describe()));
     }
@@ -82,6 +95,7 @@ pub(super) async fn publish(
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(ApiError::too_large(MAX_PAYLOAD_BYTES));
     }
+    let id_given = body.id.is_some();
     let event = Event {
         id: body.id.unwrap_or_else(EventId::generate),
         tenant_id,
@@ -95,12 +109,24 @@ pub(super) async fn publish(
         .backlog
         .tenant_backlog(&event.tenant_id)
         .await?;
-    if backlog >= state.services.settings.max_backlog {
-        return Err(ApiError::backlog_full(backlog, BACKLOG_RETRY_AFTER_S));
-    }
-    let published = match &state.publisher {
-        Some(publisher) => publisher.publish(&event).await?,
-        None => state.services.store.publish(&event).await?,
+    let published = if backlog < state.services.settings.max_backlog {
+        match &state.publisher {
+            Some(publisher) => publisher.publish(&event).await?,
+            None => state.services.store.publish(&event).await?,
+        }
+    } else {
+        // A producer sending an accepted event again (its 202 was lost) is told it was
+        // accepted, backlog or not: a 429 said it was not.
+        let existing = if id_given {
+            let store = &state.services.store;
+            store.get_event(&event.tenant_id, &event.id).await?
+        } else {
+            None
+        };
+        match existing {
+            Some(existing) => Published::Existing(existing),
+            None => return Err(ApiError::backlog_full(backlog, BACKLOG_RETRY_AFTER_S)),
+        }
     };
     match published {
         Published::Created => {}

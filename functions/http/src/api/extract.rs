@@ -205,7 +205,7 @@ impl QueryMap {
 
 /// Text shown to people (names, descriptions): nothing a screen would hide or obey.
 pub(crate) fn is_plain_text(s: &str) -> bool {
-    !s.chars().any(entrega_core::text::is_hidden_or_control)
+    entrega_core::text::is_plain(s, &[])
 }
 
 #[cfg(test)]
@@ -215,6 +215,7 @@ mod plain_text_tests {
     #[test]
     fn control_and_invisible_characters_are_not_plain_text() {
         assert!(is_plain_text("Acme CRM — Zürich ✓"));
+        assert!(is_plain_text("می\u{200C}خواهم"));
         for bad in [
             "a\u{1}b",
             "a\nb",

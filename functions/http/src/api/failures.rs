@@ -134,10 +134,7 @@ pub(super) async fn ack_failure(
         ));
     }
     // Line breaks are part of a note; other control and hidden characters are not.
-    if note
-        .chars()
-        .any(|c| entrega_core::text::is_hidden_or_control(c) && !matches!(c, '\n' | '\r' | '\t'))
-    {
+    if !entrega_core::text::is_plain(&note, &['\n', '\r', '\t']) {
         return Err(ApiError::invalid(
             "note",
             "must not hold control or hidden characters (line breaks and tabs are fine)",
