@@ -9,9 +9,12 @@
 //! body (nothing has been done for such a request yet; see `arriving_body`). Only
 //! when every connection is busy or just opened is the new one refused. So a flood of
 //! half-open connections costs each of them its slot, never the server its service.
+//! "Just opened" is short for a connection that has not sent one request's headers
+//! ([`SILENT_EVICTABLE_AFTER`]): new connections that never speak, opened faster than
+//! the cap each second, locked every other client out when that took a second.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +40,11 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// A connection idle at least this long may be evicted for a new one at the cap.
 pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+/// The same for a connection that has not yet sent a request's headers. A client's
+/// first request follows its connection within half a round trip, so this spares
+/// clients up to a 500 ms round trip, where a flood must now open four times the cap
+/// each second to keep every place too young to take.
+pub const SILENT_EVICTABLE_AFTER: Duration = Duration::from_millis(250);
 /// How long a stop waits for open connections to finish their requests.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 /// Pause after a failed accept (out of file descriptors): the error repeats at once
@@ -51,6 +59,8 @@ struct Connection {
     awaiting_body: Arc<AtomicUsize>,
     /// When it last finished a request, or was opened (ms since the server started).
     idle_since: Arc<AtomicU64>,
+    /// Whether a request's headers have come over it.
+    spoke: Arc<AtomicBool>,
     evict: Option<oneshot::Sender<()>>,
 }
 
@@ -64,9 +74,10 @@ impl Connections {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Evict the connection idle longest (at least [`EVICTABLE_AFTER`]), counting a
-    /// connection whose every running request still waits for its body as idle since
-    /// its last request started; `false` if none may go.
+    /// Evict the connection idle longest (at least [`EVICTABLE_AFTER`], or
+    /// [`SILENT_EVICTABLE_AFTER`] if it never sent a request), counting a connection
+    /// whose every running request still waits for its body as idle since its last
+    /// request started; `false` if none may go.
     fn evict_one(&self, now_ms: u64) -> bool {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let victim = open
@@ -74,10 +85,16 @@ impl Connections {
             .filter(|(_, c)| {
                 c.busy.load(Ordering::Acquire) <= c.awaiting_body.load(Ordering::Acquire)
             })
-            .map(|(id, c)| (*id, c.idle_since.load(Ordering::Acquire)))
-            .filter(|(_, since)| {
-                now_ms.saturating_sub(*since) >= EVICTABLE_AFTER.as_millis() as u64
+            .filter(|(_, c)| {
+                let after = if c.spoke.load(Ordering::Acquire) {
+                    EVICTABLE_AFTER
+                } else {
+                    SILENT_EVICTABLE_AFTER
+                };
+                let since = c.idle_since.load(Ordering::Acquire);
+                now_ms.saturating_sub(since) >= after.as_millis() as u64
             })
+            .map(|(id, c)| (*id, c.idle_since.load(Ordering::Acquire)))
             .min_by_key(|(_, since)| *since)
             .map(|(id, _)| id);
         match victim.and_then(|id| open.remove(&id)) {
@@ -135,6 +152,7 @@ pub async fn serve(
         let busy = Arc::new(AtomicUsize::new(0));
         let awaiting_body = Arc::new(AtomicUsize::new(0));
         let idle_since = Arc::new(AtomicU64::new(now_ms));
+        let spoke = Arc::new(AtomicBool::new(false));
         let (evict_tx, evict_rx) = oneshot::channel();
         connections
             .open
@@ -146,6 +164,7 @@ pub async fn serve(
                     busy: busy.clone(),
                     awaiting_body: awaiting_body.clone(),
                     idle_since: idle_since.clone(),
+                    spoke: spoke.clone(),
                     evict: Some(evict_tx),
                 },
             );
@@ -154,6 +173,7 @@ pub async fn serve(
             move |request: Request<Incoming>| {
                 let (app, busy, idle_since) = (app.clone(), busy.clone(), idle_since.clone());
                 let awaiting_body = awaiting_body.clone();
+                spoke.store(true, Ordering::Release);
                 async move {
                     let request =
                         request.map(|b| ArrivingBody::new(b, BODY_READ_TIMEOUT, &awaiting_body));

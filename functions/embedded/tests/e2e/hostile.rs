@@ -395,6 +395,61 @@ async fn requests_stuck_waiting_for_their_body_do_not_lock_others_out() {
     drop(held);
 }
 
+/// New connections that never send a request, opened faster than the cap each
+/// second, do not lock other clients out: a place is taken from one silent for a
+/// quarter of a second, where it was a second and every place stayed too young to take
+/// (a hostile test: 18 of 158 probes answered at 400 connections a second, cap 200).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_new_silent_connections_does_not_lock_others_out() {
+    const CAP: usize = 64;
+    // Twice the cap each second: every place is under a second old, most are past
+    // a quarter.
+    const OPENED_PER_TICK: usize = CAP / 10;
+    const TICK: Duration = Duration::from_millis(50);
+    let dir = TempDir::new("churn");
+    let server = Server::start_loopback(&dir, &["--max-connections", &CAP.to_string()]);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let flood = tokio::spawn(async move {
+        let mut held = std::collections::VecDeque::new();
+        while !*stopped.borrow() {
+            for _ in 0..OPENED_PER_TICK {
+                if let Ok(s) = tokio::net::TcpStream::connect(&addr).await {
+                    held.push_back((std::time::Instant::now(), s));
+                }
+            }
+            while held
+                .front()
+                .is_some_and(|(at, _)| at.elapsed() > Duration::from_millis(1500))
+            {
+                held.pop_front();
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut failed = Vec::new();
+    for _ in 0..20 {
+        match client.get(format!("{}/healthz", server.base)).send().await {
+            Ok(resp) if resp.status() == 200 => {}
+            other => failed.push(format!("{other:?}")),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(true);
+    flood.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of 20 probes failed: {failed:?}",
+        failed.len()
+    );
+}
+
 /// `/metrics` takes the admin key or the metrics token, never a tenant key.
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_need_the_admin_key_or_the_metrics_token() {
