@@ -145,6 +145,15 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             format!("{path}.{field}")
         };
         ApiError::invalid(&field, "is required")
+    } else if let Some(field) = duplicate_field(&inner.to_string()) {
+        // Valid JSON text, but which of the two did the client mean? A 400, as a
+        // parameter given twice is, naming it.
+        let field = if path == "." {
+            field
+        } else {
+            format!("{path}.{field}")
+        };
+        ApiError::bad_parameter(&field, "given twice; give it once")
     } else if path == "." {
         match unknown_field(&inner.to_string()) {
             Some(field) => ApiError::invalid(&field, "is not a field of this route"),
@@ -163,6 +172,12 @@ fn starts_as_object(bytes: &[u8]) -> bool {
 /// serde reports an unknown field as "unknown field `name`, expected …".
 fn unknown_field(message: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
+    Some(rest.split('`').next()?.to_owned())
+}
+
+/// serde reports a field given twice as "duplicate field `name`".
+fn duplicate_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("duplicate field `")?;
     Some(rest.split('`').next()?.to_owned())
 }
 
@@ -284,13 +299,18 @@ mod json_body_tests {
             r#"{"name":"a","data":[1,]}"#,
             // Not `name`'s fault: the first error is `data`'s.
             r#"{"data":"\ud800","name":[1,]}"#,
-            // Not the last one kept, as a value would.
-            r#"{"name":"a","name":"b","data":1}"#,
         ] {
             let (status, field, detail) = refused(malformed);
             assert_eq!(status, StatusCode::BAD_REQUEST, "{malformed:?}: {detail}");
             assert_eq!(field, None, "{malformed:?}");
         }
+        // Not the last one kept, as a value would: a 400 naming it.
+        let (status, field, detail) = refused(r#"{"name":"a","name":"b","data":1}"#);
+        assert_eq!(
+            (status, field.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("name")),
+            "{detail}"
+        );
         for (unfit, named) in [
             (r#"{"data":1}"#, "name"),
             (r#"{"name":1,"data":1}"#, "name"),

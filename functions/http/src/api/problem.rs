@@ -69,7 +69,7 @@ impl ApiError {
         e
     }
 
-    /// A query parameter that cannot be used at all (400), named.
+    /// A query parameter or body field that cannot be used at all (400), named.
     pub fn bad_parameter(field: &str, detail: impl std::fmt::Display) -> Self {
         let mut e = Self::bad_request(format!("`{field}`: {detail}"));
         e.field = Some(field.to_owned());
