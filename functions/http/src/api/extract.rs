@@ -45,8 +45,20 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     }
 }
 
-/// The whole request body, within [`MAX_BODY_BYTES`] and the server's deadline.
+/// The whole request body, within [`MAX_BODY_BYTES`] and the server's deadline. An
+/// encoded body is a 415: read as it came, a gzipped one was "not valid JSON", and a
+/// plain one labelled gzip was taken.
 async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    let encodings = req.headers().get_all(axum::http::header::CONTENT_ENCODING);
+    if encodings.iter().any(|e| {
+        e.to_str()
+            .map_or(true, |e| !e.trim().eq_ignore_ascii_case("identity"))
+    }) {
+        return Err(ApiError::from_status(
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body is encoded (`Content-Encoding`): send it as plain JSON",
+        ));
+    }
     Bytes::from_request(req, state).await.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(MAX_BODY_BYTES)

@@ -212,6 +212,9 @@ pub enum ProblemResponses {
     /// The body is over the size limit.
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),
+    /// The body is encoded (`Content-Encoding`): the API reads plain JSON only.
+    #[response(status = 415, content_type = "application/problem+json")]
+    UnsupportedEncoding(Problem),
     /// A field's value is not acceptable (`field` names it).
     #[response(status = 422, content_type = "application/problem+json")]
     Invalid(Problem),
