@@ -123,8 +123,8 @@ async fn bad_requests_are_clear_problems() {
     assert_eq!(garbage.status(), 400);
     // An encoded body is refused as such, whatever it holds: labelled gzip, a plain
     // one was taken, and a gzipped one was "not valid JSON".
-    for encoding in ["gzip", "br, identity"] {
-        let encoded = acme
+    for (encoding, status) in [("gzip", 415), ("br, identity", 415), ("identity", 202)] {
+        let answer = acme
             .client
             .post(format!("{}/v1/events", server.base))
             .bearer_auth(&acme.key)
@@ -134,23 +134,11 @@ async fn bad_requests_are_clear_problems() {
             .send()
             .await
             .unwrap();
-        assert_eq!(encoded.status(), 415, "{encoding}");
-        assert_eq!(
-            encoded.headers()["content-type"],
-            "application/problem+json"
-        );
+        assert_eq!(answer.status(), status, "{encoding}");
+        if status == 415 {
+            assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        }
     }
-    let plain = acme
-        .client
-        .post(format!("{}/v1/events", server.base))
-        .bearer_auth(&acme.key)
-        .header("content-type", "application/json")
-        .header("content-encoding", "identity")
-        .body(r#"{"type": "a.b", "data": {}}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(plain.status(), 202);
 
     for path in [
         "/v1/deliveries?status=lost",
