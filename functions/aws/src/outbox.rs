@@ -13,8 +13,9 @@
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
-use entrega_core::endpoint::validate_event_type;
+use entrega_core::endpoint::{is_operational, validate_event_type};
 use entrega_core::event::{format_timestamp, Event, MAX_PAYLOAD_BYTES};
+use entrega_core::handlers::notices::is_reserved_id;
 use entrega_core::ids::{EventId, TenantId};
 use serde_json::Value;
 
@@ -121,6 +122,17 @@ fn decode(
         .map_err(|e| invalid(PK, &e))?;
     let tenant_id: TenantId = tenant.parse().map_err(|e| invalid("tenant_id", &e))?;
     validate_event_type(event_type).map_err(|e| invalid("type", &e))?;
+    // Entrega's own events are written here too, with its id and its type both; a
+    // producer's item with one of the two was a forged `entrega.*` event delivered as
+    // genuine, or an id that made the real one a replay (a hostile test).
+    match (
+        is_operational(&event_type.to_ascii_lowercase()),
+        is_reserved_id(id.as_str()),
+    ) {
+        (true, false) => return Err(invalid("type", &"reserved for Entrega's own events")),
+        (false, true) => return Err(invalid(PK, &"reserved for Entrega's own events")),
+        _ => {}
+    }
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(invalid("payload", &"over 256 KiB"));
     }
@@ -197,6 +209,22 @@ mod tests {
             event_from_dynamo_json(&bad),
             Err(OutboxError::Invalid("pk", _))
         ));
+        // Entrega's id space and type space go together: only its own events have both.
+        let with = |pk: &str, event_type: &str| {
+            let mut item = image.clone();
+            item["pk"] = serde_json::json!({ "S": pk });
+            item["type"] = serde_json::json!({ "S": event_type });
+            event_from_dynamo_json(&item)
+        };
+        assert!(matches!(
+            with("evt_1", "entrega.delivery.exhausted"),
+            Err(OutboxError::Invalid("type", _))
+        ));
+        assert!(matches!(
+            with("entrega-exhausted-dlv_1-0", "lead.created"),
+            Err(OutboxError::Invalid("pk", _))
+        ));
+        assert!(with("entrega-exhausted-dlv_1-0", "entrega.delivery.exhausted").is_ok());
         let mut bad = image;
         bad.as_object_mut().unwrap().remove("tenant_id");
         assert_eq!(

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 
 use crate::endpoint::{is_operational, validate_event_type};
 use crate::event::{Event, MAX_PAYLOAD_BYTES};
+use crate::handlers::notices::is_reserved_id;
 use crate::ids::{EventId, TenantId};
 
 /// One row of the producer's outbox table, as read.
@@ -32,6 +33,8 @@ pub enum QuarantineReason {
     BadType,
     /// A type under `entrega.`, which only Entrega's own events may use.
     ReservedType,
+    /// An id starting `entrega-`, which only Entrega's own events may use.
+    ReservedId,
     /// A payload over 256 KiB.
     TooLarge,
     /// The id was already published with another type or payload.
@@ -46,6 +49,7 @@ impl QuarantineReason {
             Self::BadId => "bad_id",
             Self::BadType => "bad_type",
             Self::ReservedType => "reserved_type",
+            Self::ReservedId => "reserved_id",
             Self::TooLarge => "too_large",
             Self::IdReused => "id_reused",
         }
@@ -60,6 +64,9 @@ impl QuarantineReason {
 /// `infinity`, or years off, and the fan-out poller orders and waits by event time.
 pub fn event_of_row(row: &OutboxRow, now: DateTime<Utc>) -> Result<Event, QuarantineReason> {
     let id: EventId = row.id.parse().map_err(|_| QuarantineReason::BadId)?;
+    if is_reserved_id(id.as_str()) {
+        return Err(QuarantineReason::ReservedId);
+    }
     let tenant_id: TenantId = row
         .tenant_id
         .parse()
@@ -112,6 +119,10 @@ mod tests {
             event_of_row(&r, Utc::now()).unwrap_err()
         };
         assert_eq!(bad(|r| r.id = "a.b".into()), QuarantineReason::BadId);
+        assert_eq!(
+            bad(|r| r.id = "entrega-exhausted-dlv_1-0".into()),
+            QuarantineReason::ReservedId
+        );
         assert_eq!(
             bad(|r| r.tenant_id = "acme".into()),
             QuarantineReason::UnknownTenant

@@ -331,6 +331,12 @@ async fn an_exhausted_delivery_reaches_the_failures_queue_and_its_record() {
     let tenant = tenant(s).await;
     let receiver = Receiver::answering(500).await;
     let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![1])).await;
+    // Entrega's own event about it travels the outbox like any other: with its id and
+    // its type both reserved, the trigger takes it (either alone is refused).
+    let watcher = Receiver::answering(200).await;
+    let mut watching = endpoint(s, &tenant, watcher.url("/"), RetrySpec::default()).await;
+    watching.event_types = vec!["entrega.delivery.exhausted".into()];
+    s.store.update_endpoint(&watching).await.unwrap();
     let e = event(s, &tenant, "a.b", r#"{"keep":"me"}"#);
     assert!(move_lead_stage(&stack, "L", &e, false).await);
     let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
@@ -378,6 +384,13 @@ async fn an_exhausted_delivery_reaches_the_failures_queue_and_its_record() {
         Some(DeliveryState::Exhausted)
     );
     assert_eq!(receiver.count(), 2);
+    eventually(Duration::from_secs(30), "the exhausted event", || async {
+        (watcher.count() == 1).then_some(())
+    })
+    .await;
+    let told: serde_json::Value = serde_json::from_str(&watcher.got()[0].body).unwrap();
+    assert_eq!(told["type"], "entrega.delivery.exhausted");
+    assert_eq!(told["data"]["delivery_id"], id.as_str());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -97,6 +97,13 @@ pub async fn owner_of(services: &Services, tenant: &TenantId) -> StoreResult<Opt
 /// the real event a replay, never sent (a hostile test).
 pub const OPERATIONAL_ID_PREFIX: &str = "entrega-";
 
+/// Whether `id` is in Entrega's own id space (any case): refused to producers, by the
+/// API and by both outboxes.
+pub fn is_reserved_id(id: &str) -> bool {
+    id.get(..OPERATIONAL_ID_PREFIX.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(OPERATIONAL_ID_PREFIX))
+}
+
 /// Entrega's own events (`entrega.*`), which an endpoint receives only if it names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperationalEvent {
@@ -175,8 +182,18 @@ mod tests {
         for (kind, id) in kinds {
             assert_eq!(kind.id("dlv_1", 2), id);
             assert!(id.parse::<EventId>().is_ok(), "{id}");
-            assert!(kind.id("x", 0).starts_with(OPERATIONAL_ID_PREFIX));
+            assert!(is_reserved_id(&kind.id("x", 0)));
             assert!(is_operational(kind.event_type()), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_reserved_ids_are_those_starting_entrega_dash_in_any_case() {
+        for reserved in ["entrega-x", "Entrega-disabled-ep_1-2", "ENTREGA-"] {
+            assert!(is_reserved_id(reserved), "{reserved}");
+        }
+        for free in ["entrega", "entregas-1", "evt_1", "my-entrega-1", "é"] {
+            assert!(!is_reserved_id(free), "{free}");
         }
     }
 }

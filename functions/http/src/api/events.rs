@@ -6,7 +6,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use entrega_core::endpoint::{is_operational, validate_event_type, OPERATIONAL_PREFIX};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
-use entrega_core::handlers::notices::OPERATIONAL_ID_PREFIX;
+use entrega_core::handlers::notices::{is_reserved_id, OPERATIONAL_ID_PREFIX};
 use entrega_core::ids::{EventId, TenantId};
 use entrega_core::ports::Published;
 use serde::Deserialize;
@@ -76,11 +76,11 @@ pub(super) async fn publish(
             ),
         ));
     }
-    if body.id.as_ref().is_some_and(|id| {
-        id.as_str()
-            .to_ascii_lowercase()
-            .starts_with(OPERATIONAL_ID_PREFIX)
-    }) {
+    if body
+        .id
+        .as_ref()
+        .is_some_and(|id| is_reserved_id(id.as_str()))
+    {
         return Err(ApiError::invalid(
             "id",
             format!(
