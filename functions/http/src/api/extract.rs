@@ -150,30 +150,31 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     };
     let path = e.path().to_string();
     let inner = e.into_inner();
-    Err(if let Some(field) = missing_field(&inner.to_string()) {
-        let field = if path == "." {
+    let message = inner.to_string();
+    // A field serde names, under the path of the object that holds it.
+    let at_path = |field: String| {
+        if path == "." {
             field
         } else {
             format!("{path}.{field}")
-        };
-        ApiError::invalid(&field, "is required")
-    } else if let Some(field) = duplicate_field(&inner.to_string()) {
-        // Valid JSON text, but which of the two did the client mean? A 400, as a
-        // parameter given twice is, naming it.
-        let field = if path == "." {
-            field
-        } else {
-            format!("{path}.{field}")
-        };
-        ApiError::bad_parameter(&field, "given twice; give it once")
-    } else if path == "." {
-        match unknown_field(&inner.to_string()) {
-            Some(field) => ApiError::invalid(&field, "is not a field of this route"),
-            None => ApiError::bad_request(format!("the body does not fit this route: {inner}")),
         }
-    } else {
-        ApiError::invalid(&path, inner)
-    })
+    };
+    Err(
+        if let Some(field) = field_named(&message, "missing field") {
+            ApiError::invalid(&at_path(field), "is required")
+        } else if let Some(field) = field_named(&message, "duplicate field") {
+            // Valid JSON text, but which of the two did the client mean? A 400, as a
+            // parameter given twice is, naming it.
+            ApiError::bad_parameter(&at_path(field), "given twice; give it once")
+        } else if path == "." {
+            match field_named(&message, "unknown field") {
+                Some(field) => ApiError::invalid(&field, "is not a field of this route"),
+                None => ApiError::bad_request(format!("the body does not fit this route: {inner}")),
+            }
+        } else {
+            ApiError::invalid(&path, inner)
+        },
+    )
 }
 
 /// Whether the JSON text is an object: its first byte past whitespace opens one.
@@ -181,21 +182,10 @@ fn starts_as_object(bytes: &[u8]) -> bool {
     bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
-/// serde reports an unknown field as "unknown field `name`, expected …".
-fn unknown_field(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("unknown field `")?;
-    Some(rest.split('`').next()?.to_owned())
-}
-
-/// serde reports a field given twice as "duplicate field `name`".
-fn duplicate_field(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("duplicate field `")?;
-    Some(rest.split('`').next()?.to_owned())
-}
-
-/// serde reports a missing field as "missing field `name`": name it like any other.
-fn missing_field(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("missing field `")?;
+/// The field a serde error of `kind` names: serde writes "missing field `name`",
+/// "duplicate field `name`", "unknown field `name`, expected …".
+fn field_named(message: &str, kind: &str) -> Option<String> {
+    let rest = message.strip_prefix(kind)?.strip_prefix(" `")?;
     Some(rest.split('`').next()?.to_owned())
 }
 
