@@ -85,16 +85,15 @@ impl Connections {
             .filter(|(_, c)| {
                 c.busy.load(Ordering::Acquire) <= c.awaiting_body.load(Ordering::Acquire)
             })
-            .filter(|(_, c)| {
+            .filter_map(|(id, c)| {
                 let after = if c.spoke.load(Ordering::Acquire) {
                     EVICTABLE_AFTER
                 } else {
                     SILENT_EVICTABLE_AFTER
                 };
                 let since = c.idle_since.load(Ordering::Acquire);
-                now_ms.saturating_sub(since) >= after.as_millis() as u64
+                (now_ms.saturating_sub(since) >= after.as_millis() as u64).then_some((*id, since))
             })
-            .map(|(id, c)| (*id, c.idle_since.load(Ordering::Acquire)))
             .min_by_key(|(_, since)| *since)
             .map(|(id, _)| id);
         match victim.and_then(|id| open.remove(&id)) {
