@@ -13,7 +13,7 @@
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
-use entrega_core::endpoint::{is_operational, validate_event_type};
+use entrega_core::endpoint::{is_reserved_type, validate_event_type};
 use entrega_core::event::{format_timestamp, Event, MAX_PAYLOAD_BYTES};
 use entrega_core::handlers::notices::is_reserved_id;
 use entrega_core::ids::{EventId, TenantId};
@@ -125,10 +125,7 @@ fn decode(
     // Entrega's own events are written here too, with its id and its type both; a
     // producer's item with one of the two was a forged `entrega.*` event delivered as
     // genuine, or an id that made the real one a replay (a hostile test).
-    match (
-        is_operational(&event_type.to_ascii_lowercase()),
-        is_reserved_id(id.as_str()),
-    ) {
+    match (is_reserved_type(event_type), is_reserved_id(id.as_str())) {
         (true, false) => return Err(invalid("type", &"reserved for Entrega's own events")),
         (false, true) => return Err(invalid(PK, &"reserved for Entrega's own events")),
         _ => {}

@@ -181,6 +181,14 @@ pub fn is_operational(event_type: &str) -> bool {
     event_type.starts_with(OPERATIONAL_PREFIX)
 }
 
+/// Whether a type a producer sends is in Entrega's own type space, in any case:
+/// refused by the API and both outboxes, beside `notices::is_reserved_id`.
+pub fn is_reserved_type(event_type: &str) -> bool {
+    event_type
+        .get(..OPERATIONAL_PREFIX.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(OPERATIONAL_PREFIX))
+}
+
 /// The subscription filter: empty means every type; otherwise an exact type or a
 /// `prefix.*` wildcard that matches every type below `prefix.`.
 pub fn matches_event_type(patterns: &[String], event_type: &str) -> bool {

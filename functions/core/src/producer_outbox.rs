@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::endpoint::{is_operational, validate_event_type};
+use crate::endpoint::{is_reserved_type, validate_event_type};
 use crate::event::{Event, MAX_PAYLOAD_BYTES};
 use crate::handlers::notices::is_reserved_id;
 use crate::ids::{EventId, TenantId};
@@ -72,7 +72,7 @@ pub fn event_of_row(row: &OutboxRow, now: DateTime<Utc>) -> Result<Event, Quaran
         .parse()
         .map_err(|_| QuarantineReason::UnknownTenant)?;
     validate_event_type(&row.event_type).map_err(|_| QuarantineReason::BadType)?;
-    if is_operational(&row.event_type.to_ascii_lowercase()) {
+    if is_reserved_type(&row.event_type) {
         return Err(QuarantineReason::ReservedType);
     }
     let payload = row

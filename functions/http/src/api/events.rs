@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use entrega_core::endpoint::{is_operational, validate_event_type, OPERATIONAL_PREFIX};
+use entrega_core::endpoint::{is_reserved_type, validate_event_type, OPERATIONAL_PREFIX};
 use entrega_core::event::{Event, MAX_PAYLOAD_BYTES};
 use entrega_core::handlers::notices::{is_reserved_id, OPERATIONAL_ID_PREFIX};
 use entrega_core::ids::{EventId, TenantId};
@@ -68,7 +68,7 @@ pub(super) async fn publish(
         .owning_existing_tenant(&state, body.tenant_id)
         .await?;
     validate_event_type(&body.event_type).map_err(|e| ApiError::invalid("type", e))?;
-    if is_operational(&body.event_type.to_ascii_lowercase()) {
+    if is_reserved_type(&body.event_type) {
         return Err(ApiError::invalid(
             "type",
             format!(
