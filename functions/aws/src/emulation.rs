@@ -40,6 +40,9 @@ pub const DELIVERY_POLLERS: usize = 16;
 /// The slow endpoints' share of the pollers, as the Lambda worker's of its
 /// concurrency ([`crate::function::slow_endpoint_share`]).
 pub const SLOW_ENDPOINT_SHARE: u32 = crate::function::slow_endpoint_share(DELIVERY_POLLERS as u32);
+/// One endpoint's share of the pollers, as the Lambda worker's of its concurrency
+/// ([`crate::function::one_endpoint_share`]).
+pub const ONE_ENDPOINT_SHARE: u32 = crate::function::one_endpoint_share(DELIVERY_POLLERS as u32);
 /// Pause when a poll found nothing.
 const IDLE: Duration = Duration::from_millis(200);
 /// How often due schedules are looked for.
@@ -55,9 +58,11 @@ pub struct Emulation {
 
 impl Emulation {
     /// Run every poller until `shutdown` turns true. The handlers keep the slow
-    /// endpoints' share of these pollers, as the Lambda worker keeps its own.
+    /// endpoints' share of these pollers, and one endpoint's, as the Lambda worker
+    /// keeps its own.
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
         self.services.settings.slow_endpoint_share = SLOW_ENDPOINT_SHARE;
+        self.services.settings.one_endpoint_share = ONE_ENDPOINT_SHARE;
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().stream_loop(shutdown.clone()));
         for _ in 0..DELIVERY_POLLERS {

@@ -73,12 +73,28 @@ async fn start(
 /// at most, together ([`Settings::slow_endpoint_share`]): half, so that the other half
 /// is always there for endpoints that answer, however many others hang.
 pub const SLOW_ENDPOINT_SHARE_PERCENT: u32 = 50;
+/// The share of the worker's concurrency that attempts at any one endpoint hold at
+/// most ([`Settings::one_endpoint_share`]): a quarter, so that an endpoint that starts
+/// hanging, before it is known slow, and the slow endpoints' half together still leave
+/// a quarter of the invocations to endpoints that answer.
+pub const ONE_ENDPOINT_SHARE_PERCENT: u32 = 25;
 /// The template's default `WorkerConcurrency`, for an environment that names none.
 pub const DEFAULT_WORKER_CONCURRENCY: u32 = 100;
 
 /// The slow endpoints' share of a worker running `worker_concurrency` invocations.
 pub const fn slow_endpoint_share(worker_concurrency: u32) -> u32 {
-    let share = worker_concurrency.saturating_mul(SLOW_ENDPOINT_SHARE_PERCENT) / 100;
+    share_of(worker_concurrency, SLOW_ENDPOINT_SHARE_PERCENT)
+}
+
+/// One endpoint's share of a worker running `worker_concurrency` invocations.
+pub const fn one_endpoint_share(worker_concurrency: u32) -> u32 {
+    share_of(worker_concurrency, ONE_ENDPOINT_SHARE_PERCENT)
+}
+
+/// `percent` of `worker_concurrency`, at least one (a share of none would stop every
+/// attempt it applies to).
+const fn share_of(worker_concurrency: u32, percent: u32) -> u32 {
+    let share = worker_concurrency.saturating_mul(percent) / 100;
     if share == 0 {
         1
     } else {
@@ -99,6 +115,7 @@ pub fn settings_from_env() -> Settings {
             .map(|d| std::time::Duration::from_secs(d * 86_400))
             .unwrap_or(defaults.unhealthy_after),
         slow_endpoint_share: slow_endpoint_share(worker_concurrency),
+        one_endpoint_share: one_endpoint_share(worker_concurrency),
         ..defaults
     }
 }
@@ -115,5 +132,17 @@ mod tests {
         assert_eq!(slow_endpoint_share(2), 1);
         assert_eq!(slow_endpoint_share(1), 1);
         assert_eq!(slow_endpoint_share(u32::MAX), u32::MAX / 100);
+    }
+
+    #[test]
+    fn one_endpoints_share_is_a_quarter_of_the_worker_and_never_none() {
+        assert_eq!(one_endpoint_share(DEFAULT_WORKER_CONCURRENCY), 25);
+        assert_eq!(one_endpoint_share(16), 4);
+        assert_eq!(one_endpoint_share(3), 1);
+        // With the slow half taken and one endpoint starting to hang, some are left.
+        for worker in [4, 16, 100, 1_000] {
+            let held = slow_endpoint_share(worker) + one_endpoint_share(worker);
+            assert!(held < worker, "{worker}: {held} held");
+        }
     }
 }

@@ -485,6 +485,12 @@ pub struct Settings {
     /// endpoints that hang never hold every invocation; the embedded runtime moves
     /// slow attempts out of its worker slots instead, and keeps none.
     pub slow_endpoint_share: u32,
+    /// Attempts at any one endpoint in flight at once, across every worker, whatever
+    /// its `max_concurrency` (0: no such cap). On AWS a slice of the worker's
+    /// concurrency: an endpoint is marked slow only when one of its attempts ends, so
+    /// until then this is all an endpoint that starts hanging can hold (its attempts
+    /// each hold an invocation for a timeout). The embedded runtime keeps none.
+    pub one_endpoint_share: u32,
 }
 
 /// Waiting deliveries per tenant past which publishing is refused (DESIGN.md).
@@ -498,6 +504,7 @@ impl Default for Settings {
             max_unacknowledged_age: crate::handlers::age::MAX_UNACKNOWLEDGED_AGE,
             max_backlog: DEFAULT_MAX_BACKLOG,
             slow_endpoint_share: 0,
+            one_endpoint_share: 0,
         }
     }
 }

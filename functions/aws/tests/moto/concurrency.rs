@@ -286,3 +286,72 @@ async fn endpoints_that_hang_hold_at_most_the_slow_share_together() {
     println!("{count} attempts at the hanging endpoints, at most {peak} at once");
     assert_eq!(peak, SHARE, "slow endpoints hold the share, and no more");
 }
+
+/// An endpoint that starts hanging is marked slow only when an attempt ends, a timeout
+/// later. Until then its attempts hold at most one endpoint's share of the pollers,
+/// whatever its own cap, so another tenant's event still goes at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endpoint_that_starts_hanging_holds_one_share_of_the_pollers() {
+    const EVENTS: usize = 40;
+    const SHARE: usize = entrega_aws::emulation::ONE_ENDPOINT_SHARE as usize;
+    let stack = Stack::start().await;
+    let s = stack.services.clone();
+    let hanging_tenant = tenant(&s).await;
+    let hanging = Receiver::start(vec![], Reply::status(200).after(Duration::from_secs(90))).await;
+    let ep = endpoint(
+        &s,
+        &hanging_tenant,
+        hanging.url("/new"),
+        RetrySpec::default(),
+    )
+    .await;
+    // Never slow before, and a cap (64) past the pollers (16): it alone could hold
+    // every one of them for its first timeout.
+    let ep = s
+        .store
+        .update_endpoint(&Endpoint {
+            timeout_ms: entrega_core::endpoint::MAX_TIMEOUT_MS,
+            max_concurrency: 64,
+            ..ep
+        })
+        .await
+        .unwrap();
+    assert!(!ep.health.is_slow(s.clock.now()));
+    let started = std::time::Instant::now();
+    for n in 0..EVENTS {
+        let e = event(
+            &s,
+            &hanging_tenant,
+            "order.created",
+            &format!(r#"{{"n":{n}}}"#),
+        );
+        s.store.publish(&e).await.unwrap();
+    }
+    eventually(Duration::from_secs(20), "its share taken", || async {
+        (hanging.count() >= SHARE).then_some(())
+    })
+    .await;
+
+    let other_tenant = tenant(&s).await;
+    let quick = Receiver::answering(204).await;
+    endpoint(&s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
+    let published = std::time::Instant::now();
+    let theirs = event(&s, &other_tenant, "order.created", "{}");
+    s.store.publish(&theirs).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the other tenant's event, while the new endpoint hangs",
+        || async { (quick.count() == 1).then_some(()) },
+    )
+    .await;
+    let arrived = published.elapsed();
+    // Every message has been received by now: past the share, the rest wait hidden.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (peak, count) = (hanging.peak_in_flight(), hanging.count());
+    assert!(
+        started.elapsed() < Duration::from_secs(29),
+        "too slow to tell: an attempt may have timed out and freed its place"
+    );
+    println!("{count} attempts at the new hanging endpoint, at most {peak} at once; the other tenant's event arrived {arrived:?} after it was published");
+    assert_eq!(peak, SHARE, "one endpoint holds its share, and no more");
+}

@@ -77,7 +77,7 @@ pub(super) async fn take_slots(
     }
     pools.push((
         SlotPool::Endpoint(endpoint.id.clone()),
-        endpoint.max_concurrency,
+        endpoint_cap(endpoint, services.settings.one_endpoint_share),
     ));
     let mut held = Vec::with_capacity(pools.len());
     for (pool, limit) in pools {
@@ -99,6 +99,23 @@ pub(super) async fn take_slots(
         }
     }
     Ok(Ok(HeldSlots(Mutex::new(held))))
+}
+
+/// The attempts `endpoint` may have in flight at once: its `max_concurrency`, held to
+/// the runtime's `one_endpoint_share` where it keeps one (0: none).
+///
+/// Why both: an endpoint that starts hanging is marked slow only when one of its
+/// attempts ends, a timeout later, and until then its attempts each hold a worker
+/// invocation. Its own cap may be more than the worker has (64 against the sixteen
+/// invocations of `serve --backend aws`), so the share is what leaves the others
+/// theirs during that first timeout. An endpoint that answers feels it only with
+/// more than the share in flight at once: on AWS a quarter of the worker's
+/// concurrency, 25 requests by default, 1 000 a second at 25 ms each.
+pub fn endpoint_cap(endpoint: &Endpoint, one_endpoint_share: u32) -> u32 {
+    match one_endpoint_share {
+        0 => endpoint.max_concurrency,
+        share => endpoint.max_concurrency.min(share),
+    }
 }
 
 /// What becomes of a message whose attempt found no free slot: hidden for a while,

@@ -380,6 +380,43 @@ async fn a_busy_endpoint_hides_the_message_instead_of_waiting() {
     assert!(c.world.transport.requests().is_empty());
 }
 
+/// Where the runtime keeps one endpoint's share (AWS), an endpoint whose own cap is
+/// larger has no more than the share in flight: before it is known slow, that is all
+/// an endpoint that starts hanging can hold of the worker.
+#[tokio::test]
+async fn one_endpoint_holds_no_more_than_its_share_whatever_its_cap() {
+    let mut c = case(|e| e.max_concurrency = 64).await;
+    c.world.services.settings.one_endpoint_share = 1;
+    let held = c
+        .world
+        .services
+        .slots
+        .acquire(
+            &SlotPool::Endpoint(c.endpoint.id.clone()),
+            1,
+            "a hanging attempt",
+            c.world.clock.now(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .expect("the share's one place");
+    let waiting = c.publish().await;
+    assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));
+    assert!(c.world.transport.requests().is_empty(), "nothing sent");
+    assert_eq!(c.delivery(&waiting.id).await.state, DeliveryState::Pending);
+
+    // Its cap alone (no share kept: the embedded runtime) lets it go at once.
+    c.world.services.settings.one_endpoint_share = 0;
+    c.advance(SLOTS_BUSY_BACKOFF.as_secs() + 1);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    assert_eq!(
+        c.delivery(&waiting.id).await.state,
+        DeliveryState::Delivered
+    );
+    c.world.services.slots.release(&held).await.unwrap();
+}
+
 /// Where the runtime keeps a share for endpoints slow lately (AWS), an attempt that
 /// timed out marks its endpoint slow, and its next attempts wait for a place in the
 /// share instead of holding another invocation.
