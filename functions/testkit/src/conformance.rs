@@ -6,21 +6,26 @@ use chrono::Utc;
 use entrega_core::delivery::{Attempt, Delivery, Trigger};
 use entrega_core::endpoint::Endpoint;
 use entrega_core::event::Event;
-use entrega_core::failure::{Acknowledgement, Failure, FailureReason, Reacknowledge};
-use entrega_core::ids::{AttemptId, DeliveryId, EndpointId, EventId, FailureId, TenantId};
+use entrega_core::ids::{AttemptId, DeliveryId, EventId, TenantId};
 use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
 mod ahead;
+mod failures;
 mod overdue;
 mod paused;
 mod queue;
+mod races;
 mod slots;
 
 pub use ahead::a_write_ahead_lands_before_the_next;
+pub use failures::{
+    failures_are_found_by_delivery_and_acknowledged, unacknowledged_failures_come_oldest_first,
+};
 pub use overdue::overdue_deliveries_come_most_overdue_first;
 pub use paused::paused_deliveries_page_through_once;
 pub use queue::{every_queue_promise, StaleReceipts};
+pub use races::racing_writers_of_one_record_have_one_winner;
 pub use slots::endpoint_slots_cap_each_endpoint;
 
 /// Every promise below, in turn, on one store: what each adapter's suite runs.
@@ -39,27 +44,6 @@ pub async fn every_promise(store: &dyn Store) {
     overdue_deliveries_come_most_overdue_first(store).await;
     paused_deliveries_page_through_once(store).await;
     racing_writers_of_one_record_have_one_winner(store).await;
-}
-
-/// An exhausted delivery's failure record, failed at `failed_ms`.
-fn failure(tenant: &TenantId, delivery: &DeliveryId, generation: u32, failed_ms: i64) -> Failure {
-    Failure {
-        id: FailureId::for_delivery(delivery, generation, failed_ms),
-        tenant_id: tenant.clone(),
-        delivery_id: delivery.clone(),
-        event_id: EventId::generate(),
-        event_type: "a.b".into(),
-        endpoint_id: EndpointId::generate(),
-        reason: FailureReason::Exhausted,
-        payload: String::new(),
-        attempt_times: vec![Utc::now()],
-        last_status_code: Some(500),
-        last_error: Some("HTTP 500".into()),
-        created_at: Utc::now(),
-        acknowledged_at: None,
-        ack_note: None,
-        acknowledged_by: None,
-    }
 }
 
 async fn tenant(store: &dyn Store) -> TenantId {
@@ -319,74 +303,6 @@ pub async fn tenants_list_newest_first_in_pages(store: &dyn Store) {
     }
 }
 
-/// A delivery's failure records are found by the delivery; acknowledging replaces or
-/// keeps the first acknowledgement as asked, and says who.
-pub async fn failures_are_found_by_delivery_and_acknowledged(store: &dyn Store) {
-    let t = tenant(store).await;
-    let (delivery, other) = (DeliveryId::generate(), DeliveryId::generate());
-    let now = Utc::now().timestamp_millis();
-    let (first, second) = (
-        failure(&t, &delivery, 0, now),
-        failure(&t, &delivery, 1, now),
-    );
-    for f in [&first, &second, &failure(&t, &other, 0, now)] {
-        assert!(store.put_failure_if_absent(f).await.unwrap());
-    }
-    let mut found: Vec<_> = store
-        .failures_of_delivery(&delivery)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|f| f.id)
-        .collect();
-    found.sort();
-    let mut want = vec![first.id.clone(), second.id.clone()];
-    want.sort();
-    assert_eq!(found, want, "exactly this delivery's records");
-
-    let ack = |note: &str, by: &str| Acknowledgement {
-        note: note.into(),
-        by: by.into(),
-        at: Utc::now(),
-    };
-    let acked = store
-        .acknowledge_failure(&first.id, &ack("fixed", "admin"), Reacknowledge::Replace)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(acked.acknowledged_by.as_deref(), Some("admin"));
-    assert!(acked.acknowledged_at.is_some());
-    let kept = store
-        .acknowledge_failure(&first.id, &ack("auto", "resend"), Reacknowledge::KeepFirst)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        kept.ack_note.as_deref(),
-        Some("fixed"),
-        "a person's note stays"
-    );
-    let stored = store.get_failure(&first.id).await.unwrap().unwrap();
-    assert_eq!(stored.acknowledged_by.as_deref(), Some("admin"));
-    let replaced = store
-        .acknowledge_failure(&first.id, &ack("more", "tenant:x"), Reacknowledge::Replace)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(replaced.acknowledged_by.as_deref(), Some("tenant:x"));
-    let untouched = store.get_failure(&second.id).await.unwrap().unwrap();
-    assert!(untouched.acknowledged_at.is_none());
-    assert!(store
-        .acknowledge_failure(
-            &FailureId::for_delivery(&other, 9, 0),
-            &ack("x", "admin"),
-            Reacknowledge::Replace
-        )
-        .await
-        .unwrap()
-        .is_none());
-}
-
 /// The delivery log pages newest first through every listing (a tenant's, an
 /// endpoint's, the admin's), each delivery once, in order, whatever the page size —
 /// also where the store writes its indexes in shards.
@@ -515,137 +431,5 @@ pub async fn counters_count_each_token_once(store: &dyn Store) {
         store.increment(&key, ttl).await.unwrap(),
         3,
         "the same counter"
-    );
-}
-
-/// Unacknowledged failures come oldest first, and an acknowledged one leaves the list.
-pub async fn unacknowledged_failures_come_oldest_first(store: &dyn Store) {
-    let t = tenant(store).await;
-    let base = Utc::now().timestamp_millis() - 10_000;
-    let mut made = Vec::new();
-    for n in 0..3 {
-        let delivery = DeliveryId::generate();
-        let f = failure(&t, &delivery, 0, base + n * 1000);
-        store.put_failure_if_absent(&f).await.unwrap();
-        made.push(f.id);
-    }
-    let ack = Acknowledgement {
-        note: "seen".into(),
-        by: "admin".into(),
-        at: Utc::now(),
-    };
-    store
-        .acknowledge_failure(&made[1], &ack, Reacknowledge::Replace)
-        .await
-        .unwrap();
-    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
-    for _ in 0..1000 {
-        let page = store
-            .oldest_unacknowledged(1, cursor.as_deref())
-            .await
-            .unwrap();
-        assert!(page.data.iter().all(|f| f.acknowledged_at.is_none()));
-        seen.extend(page.data.into_iter().map(|f| f.id));
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-    }
-    let mut sorted = seen.clone();
-    sorted.sort();
-    assert_eq!(seen, sorted, "oldest first");
-    let mine: Vec<_> = seen.into_iter().filter(|id| made.contains(id)).collect();
-    assert_eq!(
-        mine,
-        [made[0].clone(), made[2].clone()],
-        "the acknowledged one is gone"
-    );
-}
-
-/// How many writers race in [`racing_writers_of_one_record_have_one_winner`].
-const RACERS: usize = 8;
-
-/// Writers racing on one record, all at once: one creates the delivery, one claims the
-/// key (every other claimant is told the winner's value), and of saves made from the
-/// same read exactly one lands. Every racer's attempt is recorded, a loser's too (it
-/// happened), and an attempt saved again under its id stays one record.
-pub async fn racing_writers_of_one_record_have_one_winner(store: &dyn Store) {
-    use futures_util::future::join_all;
-
-    let (_, endpoint, fresh) = fresh_delivery(store).await;
-    let id = fresh.id.clone();
-    let created = join_all((0..RACERS).map(|_| store.create_delivery_if_absent(&fresh))).await;
-    let created: Vec<bool> = created.into_iter().map(|r| r.unwrap().1).collect();
-    assert_eq!(
-        created.iter().filter(|c| **c).count(),
-        1,
-        "created once: {created:?}"
-    );
-
-    let key = format!("claim#{}", rand::random::<u64>());
-    let ttl = std::time::Duration::from_secs(60);
-    let values: Vec<String> = (0..RACERS).map(|i| format!("holder-{i}")).collect();
-    let claims = join_all(values.iter().map(|v| store.remember_once(&key, v, ttl))).await;
-    let claims: Vec<Option<String>> = claims.into_iter().map(Result::unwrap).collect();
-    let winners: Vec<&String> = values
-        .iter()
-        .zip(&claims)
-        .filter(|(_, c)| c.is_none())
-        .map(|(v, _)| v)
-        .collect();
-    assert_eq!(winners.len(), 1, "one claim taken: {claims:?}");
-    assert!(
-        claims.iter().flatten().all(|c| c == winners[0]),
-        "every loser is told the winner: {claims:?}"
-    );
-
-    let read = store.get_delivery(&id).await.unwrap().unwrap();
-    let racers: Vec<(Delivery, Attempt)> = (0..RACERS)
-        .map(|i| {
-            let mut mine = read.clone();
-            mine.attempt_count = i as u32 + 1;
-            (mine, attempt(&fresh, &endpoint, i as u32 + 1))
-        })
-        .collect();
-    let saves = join_all(
-        racers
-            .iter()
-            .map(|(mine, attempt)| store.save_delivery(mine, std::slice::from_ref(attempt))),
-    )
-    .await;
-    let landed: Vec<&Delivery> = saves.iter().filter_map(|r| r.as_ref().ok()).collect();
-    assert_eq!(landed.len(), 1, "one save from the same read lands");
-    assert!(
-        saves
-            .iter()
-            .all(|r| matches!(r, Ok(_) | Err(StoreError::Conflict(_)))),
-        "the others are conflicts"
-    );
-    let stored = store.get_delivery(&id).await.unwrap().unwrap();
-    assert_eq!(stored.version, read.version + 1);
-    assert_eq!(
-        stored.attempt_count, landed[0].attempt_count,
-        "the winner's write is kept"
-    );
-    let recorded = |attempts: Vec<Attempt>| {
-        let mut numbers: Vec<u32> = attempts.iter().map(|a| a.number).collect();
-        numbers.sort_unstable();
-        numbers
-    };
-    let every_racer: Vec<u32> = (1..=RACERS as u32).collect();
-    assert_eq!(
-        recorded(store.list_attempts(&id).await.unwrap()),
-        every_racer,
-        "every racer's attempt is recorded once, a loser's too"
-    );
-    let (late, attempt) = &racers[0];
-    let again = store
-        .save_delivery(late, std::slice::from_ref(attempt))
-        .await;
-    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
-    assert_eq!(
-        recorded(store.list_attempts(&id).await.unwrap()),
-        every_racer,
-        "an attempt saved again stays one record"
     );
 }
