@@ -12,6 +12,8 @@ mod fairness;
 mod fuzz;
 mod harness;
 mod hostile;
+mod hostile_connections;
+mod hostile_input;
 mod isolation;
 mod listen;
 mod load;
