@@ -255,7 +255,7 @@ async fn endpoints_that_hang_hold_at_most_the_slow_share_together() {
             })
             .await
             .unwrap();
-        // Slow lately (an earlier attempt timed out; `worker_tests` covers the mark).
+        // Slow lately (an earlier attempt timed out; `attempt_slots_tests` covers the mark).
         let now = s.clock.now();
         let marked = entrega_core::endpoint_health::mark_slow(&ep.health, now).unwrap();
         s.store

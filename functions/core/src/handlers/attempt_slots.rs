@@ -149,3 +149,7 @@ async fn release(services: &Services, slots: &[SlotLease]) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "attempt_slots_tests.rs"]
+mod tests;
