@@ -432,10 +432,46 @@ pub enum Audience {
     Owner { email: String },
 }
 
+/// What a notice is about. Its name (`as_str`, the same in JSON) is what alert
+/// receivers, mail filters and the log see, so a variant is never renamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeKind {
+    /// On-call: a tenant's failures passed the hourly threshold.
+    FailureThreshold,
+    /// On-call: a failure has waited 24 hours unacknowledged.
+    FailureUnacknowledged,
+    /// The owner: a delivery used up every retry of its policy.
+    DeliveryExhausted,
+    /// The owner: a delivery failed for good without using up retries (its policy
+    /// does not retry the failure, or its endpoint takes each event at most once).
+    DeliveryFailed,
+    /// The owner: an endpoint was disabled.
+    EndpointDisabled,
+}
+
+impl NoticeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailureThreshold => "failure_threshold",
+            Self::FailureUnacknowledged => "failure_unacknowledged",
+            Self::DeliveryExhausted => "delivery_exhausted",
+            Self::DeliveryFailed => "delivery_failed",
+            Self::EndpointDisabled => "endpoint_disabled",
+        }
+    }
+}
+
+impl std::fmt::Display for NoticeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Something a human must hear about (an alert or an owner notice).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Notice {
-    pub kind: String,
+    pub kind: NoticeKind,
     pub audience: Audience,
     pub tenant_id: TenantId,
     pub summary: String,

@@ -304,7 +304,20 @@ fn give_up(
     }
 }
 
+/// What started `delivery`'s current attempt, and who asked for it: a resend's
+/// generation begins with the person's attempt, but its retries are the schedule's
+/// (nobody asked for them), so the log credits only the first to the person.
+fn started_by(delivery: &Delivery) -> (Trigger, Option<String>) {
+    match delivery.trigger {
+        Trigger::Manual if delivery.attempt_count <= 1 => {
+            (Trigger::Manual, delivery.requested_by.clone())
+        }
+        _ => (Trigger::Scheduled, None),
+    }
+}
+
 fn interrupted_attempt(delivery: &Delivery) -> Attempt {
+    let (trigger, requested_by) = started_by(delivery);
     Attempt {
         id: AttemptId::interrupted(
             &delivery.id,
@@ -323,8 +336,8 @@ fn interrupted_attempt(delivery: &Delivery) -> Attempt {
         failure_kind: Some(FailureKind::Interrupted),
         error: Some(INTERRUPTED_ERROR.to_owned()),
         response_excerpt: None,
-        trigger: delivery.trigger,
-        requested_by: delivery.requested_by.clone(),
+        trigger,
+        requested_by,
     }
 }
 
@@ -345,6 +358,7 @@ fn attempt_from_report(
             (None, Some(format!("{}: {message}", kind.as_str())), None)
         }
     };
+    let (trigger, requested_by) = started_by(delivery);
     Attempt {
         id: AttemptId::generate(),
         delivery_id: delivery.id.clone(),
@@ -358,8 +372,8 @@ fn attempt_from_report(
         failure_kind: kind,
         error,
         response_excerpt: excerpt,
-        trigger: delivery.trigger,
-        requested_by: delivery.requested_by.clone(),
+        trigger,
+        requested_by,
     }
 }
 

@@ -241,6 +241,36 @@ fn resend_resets_the_counter_and_supersedes_old_messages() {
     assert_eq!(next.attempt_count, 1);
 }
 
+/// A resend's first attempt is credited to who asked; the retries that follow it are
+/// the schedule's, though the generation is still the resend's.
+#[test]
+fn only_a_resends_first_attempt_is_credited_to_who_asked() {
+    let p = policy(RetryPreset::Standard);
+    let mode = DeliveryMode::AtLeastOnce;
+    let rng = &mut StdRng::seed_from_u64(7);
+    let d = started(&fresh(), mode, &p, t0());
+    let failed = complete(&d, &status(500, None), mode, &p, t0(), rng);
+    let again = resend(&failed.delivery, "tenant:ten_1", t0());
+    let first = started(&again, mode, &p, t0());
+    let first_done = complete(&first, &status(500, None), mode, &p, t0(), rng);
+    let attempt = &first_done.attempts()[0];
+    assert_eq!(
+        (attempt.trigger, attempt.requested_by.as_deref()),
+        (Trigger::Manual, Some("tenant:ten_1"))
+    );
+    let due = first_done.delivery.next_attempt_at.expect("a retry is due");
+    let retry = started(&first_done.delivery, mode, &p, due);
+    let retry_done = complete(&retry, &status(500, None), mode, &p, due, rng);
+    let attempt = &retry_done.attempts()[0];
+    assert_eq!((attempt.number, attempt.trigger), (2, Trigger::Scheduled));
+    assert_eq!(attempt.requested_by, None);
+    assert_eq!(retry_done.delivery.trigger, Trigger::Manual);
+    assert_eq!(
+        retry_done.delivery.requested_by.as_deref(),
+        Some("tenant:ten_1")
+    );
+}
+
 /// A delivery waiting for a retry when its endpoint is switched to at most once is
 /// sent no more, and ends on the failures list (it stayed waiting for good).
 #[test]

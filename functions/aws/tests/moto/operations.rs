@@ -102,7 +102,7 @@ async fn failures_are_recorded_alerted_once_through_sns_and_owners_emailed() {
 
     // Owner notices go out through SES, from the sender provisioning verified…
     let owner = Notice {
-        kind: "delivery_exhausted".into(),
+        kind: entrega_core::ports::NoticeKind::DeliveryExhausted,
         audience: Audience::Owner {
             email: "owner@example.com".into(),
         },

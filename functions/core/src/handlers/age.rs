@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::DurationRound;
 
 use crate::event::format_timestamp;
-use crate::ports::{Audience, Notice, Services, StoreResult, MAX_PAGE_SIZE};
+use crate::ports::{Audience, Notice, NoticeKind, Services, StoreResult, MAX_PAGE_SIZE};
 
 use super::notices::notify_once;
 
@@ -42,7 +42,7 @@ pub async fn check_unacknowledged(services: &Services) -> StoreResult<Option<Dur
                 .duration_trunc(chrono::TimeDelta::days(1))
                 .unwrap_or(now);
             let notice = Notice {
-                kind: "failure_unacknowledged".into(),
+                kind: NoticeKind::FailureUnacknowledged,
                 audience: Audience::OnCall,
                 tenant_id: failure.tenant_id.clone(),
                 summary: format!(

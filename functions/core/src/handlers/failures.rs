@@ -12,7 +12,7 @@ use crate::endpoint::is_operational;
 use crate::event::format_timestamp;
 use crate::failure::{Acknowledgement, Failure, FailureNotice, FailureReason, Reacknowledge};
 use crate::ids::FailureId;
-use crate::ports::{Audience, Notice, Services, StoreError, StoreResult};
+use crate::ports::{Audience, Notice, NoticeKind, Services, StoreError, StoreResult};
 
 use super::notices::{
     mark_sent, notify_once, owner_of, publish_operational, send, take_claim, OperationalEvent,
@@ -120,7 +120,7 @@ async fn side_effects(
     if count > threshold {
         // Claimed once per tenant and hour: one alert, not one per failure after it.
         let alert = Notice {
-            kind: "failure_threshold".into(),
+            kind: NoticeKind::FailureThreshold,
             audience: Audience::OnCall,
             tenant_id: notice.tenant_id.clone(),
             summary: format!(
@@ -143,8 +143,13 @@ async fn side_effects(
         )
         .await?;
     }
-    if failure.reason == FailureReason::Exhausted && !is_operational(&failure.event_type) {
-        tell_owner(services, failure, window).await?;
+    if is_operational(&failure.event_type) {
+        // Entrega's own event to an opted-in endpoint: its owner hears about that
+        // endpoint's failures through the deliveries that raised the event.
+        return Ok(());
+    }
+    tell_owner(services, failure, window).await?;
+    if failure.reason == FailureReason::Exhausted {
         let kind = OperationalEvent::DeliveryExhausted;
         let id = kind.id(&failure.delivery_id, notice.generation);
         let data = serde_json::json!({
@@ -159,9 +164,11 @@ async fn side_effects(
     Ok(())
 }
 
-/// The owner hears about exhausted deliveries at most once per hour (the first one,
-/// with where to find the rest): an endpoint down with thousands of events sends one
-/// e-mail, not thousands.
+/// The owner hears about deliveries that failed for good, whatever the reason (used
+/// up their retries, a failure the policy does not retry, an at-most-once attempt
+/// that failed: each is an event that will not arrive unless someone acts), at most
+/// once per hour (the first one, with where to find the rest): an endpoint down with
+/// thousands of events sends one e-mail, not thousands.
 async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> StoreResult<()> {
     // Claimed before the owner is looked up: the rest of the hour's failures cost no read.
     let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
@@ -172,7 +179,10 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
         return Ok(());
     };
     let notice = Notice {
-        kind: "delivery_exhausted".into(),
+        kind: match failure.reason {
+            FailureReason::Exhausted => NoticeKind::DeliveryExhausted,
+            FailureReason::NotRetryable | FailureReason::AtMostOnce => NoticeKind::DeliveryFailed,
+        },
         audience: owner,
         tenant_id: failure.tenant_id.clone(),
         summary: format!(
@@ -182,6 +192,7 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
         details: serde_json::json!({
             "event_id": failure.event_id,
             "endpoint_id": failure.endpoint_id,
+            "reason": failure.reason,
             "last_error": failure.last_error,
             "resend": format!("entrega resend {}", failure.delivery_id),
             "api": format!("POST /v1/failures/{}/resend", failure.id),

@@ -13,12 +13,12 @@ use super::health;
 use super::resend::resend_delivery;
 use super::worker::{handle_delivery, Disposition};
 use crate::delivery::{Delivery, DeliveryState};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{DeliveryMode, Endpoint};
 use crate::event::Event;
 use crate::failure::{Acknowledgement, FailureQuery, Reacknowledge};
 use crate::ids::{EventId, TenantId};
 use crate::memory::{response, World};
-use crate::ports::{Audience, Clock, MessageQueue};
+use crate::ports::{Audience, Clock, MessageQueue, NoticeKind};
 use crate::retry::{RetryPreset, RetrySpec};
 
 const HIDE: Duration = Duration::from_secs(60);
@@ -216,26 +216,64 @@ async fn a_failure_is_recorded_once_with_its_payload_and_its_side_effects_happen
         assert_eq!(failure.last_status_code, Some(500));
     }
     let notices = w.notices.notices();
-    let kinds = |kind: &str| notices.iter().filter(|n| n.kind == kind).count();
+    let kinds = |kind: NoticeKind| notices.iter().filter(|n| n.kind == kind).count();
     assert_eq!(
-        kinds("failure_threshold"),
+        kinds(NoticeKind::FailureThreshold),
         1,
         "one alert per tenant and hour: {notices:?}"
     );
     assert_eq!(
-        kinds("delivery_exhausted"),
+        kinds(NoticeKind::DeliveryExhausted),
         1,
         "the owner hears once an hour"
     );
     let owner = notices
         .iter()
-        .find(|n| n.kind == "delivery_exhausted")
+        .find(|n| n.kind == NoticeKind::DeliveryExhausted)
         .unwrap();
     assert_eq!(
         owner.audience,
         Audience::Owner {
             email: "owner@acme.example".into()
         }
+    );
+}
+
+/// A delivery that fails for good without using up retries (a 404, which the standard
+/// policy does not retry; an at-most-once attempt that failed) will not arrive either:
+/// its owner hears, once an hour as for exhausted ones, with the reason.
+#[tokio::test]
+async fn a_failure_that_is_not_retried_tells_the_owner_too() {
+    let (w, tenant) = world().await;
+    endpoint(&w, &tenant, |_| {}).await;
+    let at_most_once = w.add_tenant(TenantId::generate(), "Once", "owner@once.example");
+    let at_most_once = at_most_once.await.unwrap();
+    endpoint(&w, &at_most_once, |e| e.mode = DeliveryMode::AtMostOnce).await;
+    w.transport.otherwise(response(404));
+    for _ in 0..2 {
+        for t in [&tenant, &at_most_once] {
+            let event = publish(&w, t, "invoice.paid").await;
+            fan_out(&w.services, &event).await.unwrap();
+        }
+    }
+    work(&w).await;
+    handle_failures(&w, 1).await;
+    let notices = w.notices.notices();
+    let told: Vec<_> = notices
+        .iter()
+        .filter(|n| n.kind == NoticeKind::DeliveryFailed)
+        .map(|n| (n.audience.clone(), n.details["reason"].clone()))
+        .collect();
+    let owner = |email: &str| Audience::Owner {
+        email: email.into(),
+    };
+    assert_eq!(
+        told,
+        [
+            (owner("owner@acme.example"), "not_retryable".into()),
+            (owner("owner@once.example"), "at_most_once".into())
+        ],
+        "each owner once, with the reason: {notices:?}"
     );
 }
 
@@ -277,7 +315,7 @@ async fn failing_for_the_configured_days_disables_an_endpoint_and_tells_its_owne
         .notices
         .notices()
         .iter()
-        .filter(|n| n.kind == "endpoint_disabled")
+        .filter(|n| n.kind == NoticeKind::EndpointDisabled)
         .count();
     assert_eq!(told, 1, "the owner is told once");
 }
@@ -341,7 +379,7 @@ async fn an_unacknowledged_failure_alerts_once_a_day_after_24_hours_until_acknow
         w.notices
             .notices()
             .iter()
-            .filter(|n| n.kind == "failure_unacknowledged")
+            .filter(|n| n.kind == NoticeKind::FailureUnacknowledged)
             .count()
     };
 

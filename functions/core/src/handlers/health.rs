@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 
 use crate::endpoint::Endpoint;
 use crate::endpoint_health::{self, HealthEvent};
-use crate::ports::{Notice, Services, StoreError, StoreResult};
+use crate::ports::{Notice, NoticeKind, Services, StoreError, StoreResult};
 
 use super::notices::{notify_once, owner_of, publish_operational, OperationalEvent};
 
@@ -111,7 +111,7 @@ pub async fn disable(
     tracing::warn!(endpoint_id = %endpoint.id, reason, "endpoint disabled");
     if let Some(owner) = owner_of(services, &endpoint.tenant_id).await? {
         let notice = Notice {
-            kind: "endpoint_disabled".into(),
+            kind: NoticeKind::EndpointDisabled,
             audience: owner,
             tenant_id: endpoint.tenant_id.clone(),
             summary: format!("endpoint {} was disabled: {reason}", endpoint.url),

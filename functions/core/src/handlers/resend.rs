@@ -31,7 +31,8 @@ pub enum ResendError {
     /// back or is presumed dead.
     #[error(
         "an attempt of this delivery is under way and its endpoint takes each event at most \
-         once; resend after it ends (its lease runs out at {until})"
+         once; resend after it ends (its lease runs out at {})",
+        crate::event::format_timestamp(*until)
     )]
     AttemptUnderWay { until: DateTime<Utc> },
     #[error(transparent)]
@@ -81,4 +82,21 @@ pub async fn resend_delivery(
         }
     }
     Err(StoreError::Conflict(format!("delivery {} kept changing; try again", delivery.id)).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_the_lease_end_as_the_api_writes_times() {
+        let until = DateTime::parse_from_rfc3339("2026-12-02T10:58:25.095273202Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let refused = ResendError::AttemptUnderWay { until }.to_string();
+        assert!(
+            refused.ends_with("(its lease runs out at 2026-12-02T10:58:25.095Z)"),
+            "{refused}"
+        );
+    }
 }

@@ -83,7 +83,7 @@ async fn an_unacknowledged_failure_alerts_after_24_hours_and_ack_clears_the_metr
     {
         let sent = notices.0.lock().unwrap();
         assert_eq!(sent.len(), 1, "only the failure past 24 h: {sent:?}");
-        assert_eq!(sent[0].kind, "failure_unacknowledged");
+        assert_eq!(sent[0].kind.as_str(), "failure_unacknowledged");
         assert_eq!(sent[0].audience, Audience::OnCall);
         assert_eq!(sent[0].details["failure_id"], old.id.as_str());
     }
@@ -213,7 +213,7 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
         .unwrap();
     let sent = notices.0.lock().unwrap();
     assert_eq!(sent.len(), 1, "{sent:?}");
-    assert_eq!(sent[0].kind, "endpoint_disabled");
+    assert_eq!(sent[0].kind.as_str(), "endpoint_disabled");
     assert_eq!(
         sent[0].audience,
         Audience::Owner {
@@ -293,7 +293,12 @@ async fn a_failure_handler_that_died_after_its_record_still_alerts_exactly_once(
     let body = serde_json::to_string(&notice).unwrap();
     handle_failure(&services, &body).await.unwrap();
     let kinds = |n: &Recorded| -> Vec<String> {
-        let mut k: Vec<String> = n.0.lock().unwrap().iter().map(|n| n.kind.clone()).collect();
+        let mut k: Vec<String> =
+            n.0.lock()
+                .unwrap()
+                .iter()
+                .map(|n| n.kind.to_string())
+                .collect();
         k.sort();
         k
     };
