@@ -10,6 +10,7 @@ use crate::event::format_timestamp;
 use crate::ports::{Audience, Notice, NoticeKind, Services, StoreResult, MAX_PAGE_SIZE};
 
 use super::notices::notify_once;
+use crate::remembered::RememberedKey;
 
 /// How long a failure may stay unacknowledged.
 pub const MAX_UNACKNOWLEDGED_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -58,8 +59,11 @@ pub async fn check_unacknowledged(services: &Services) -> StoreResult<Option<Dur
                     "age_seconds": age.as_secs(),
                 }),
             };
-            let claim = format!("age-alert#{}#{}", failure.id, day.timestamp());
-            notify_once(services, &claim, None, ALERT_CLAIM_TTL, notice).await?;
+            let claim = RememberedKey::AgeAlert {
+                failure: &failure.id,
+                day,
+            };
+            notify_once(services, claim, None, ALERT_CLAIM_TTL, notice).await?;
         }
         cursor = page.next_cursor;
         if cursor.is_none() {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use chrono::{DurationRound, TimeDelta};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use tracing::{info_span, Instrument};
 
 use crate::delivery::{Delivery, DeliveryState};
@@ -13,6 +13,7 @@ use crate::event::format_timestamp;
 use crate::failure::{Acknowledgement, Failure, FailureNotice, FailureReason, Reacknowledge};
 use crate::ids::FailureId;
 use crate::ports::{Audience, Notice, NoticeKind, Services, StoreError, StoreResult};
+use crate::remembered::RememberedKey;
 
 use super::notices::{
     mark_sent, notify_once, owner_of, publish_operational, send, take_claim, OperationalEvent,
@@ -108,11 +109,15 @@ async fn side_effects(
         .failed_at
         .duration_trunc(TimeDelta::hours(1))
         .unwrap_or(notice.failed_at);
-    let window = window_start.timestamp();
+    let tenant = &notice.tenant_id;
     let count = store
         .increment_once(
-            &format!("failures#{}#{window}", notice.tenant_id),
-            &format!("counted#{}", failure.id),
+            &RememberedKey::FailuresInHour {
+                tenant,
+                hour: window_start,
+            }
+            .to_string(),
+            &RememberedKey::FailureCounted(&failure.id).to_string(),
             COUNTER_TTL,
         )
         .await?;
@@ -133,10 +138,13 @@ async fn side_effects(
                 "window_start": format_timestamp(window_start),
             }),
         };
-        let claim = format!("threshold-alert#{}#{window}", notice.tenant_id);
+        let claim = RememberedKey::ThresholdAlert {
+            tenant,
+            hour: window_start,
+        };
         notify_once(
             services,
-            &claim,
+            claim,
             Some(failure.id.as_str()),
             COUNTER_TTL,
             alert,
@@ -148,7 +156,7 @@ async fn side_effects(
         // endpoint's failures through the deliveries that raised the event.
         return Ok(());
     }
-    tell_owner(services, failure, window).await?;
+    tell_owner(services, failure, window_start).await?;
     if failure.reason == FailureReason::Exhausted {
         let kind = OperationalEvent::DeliveryExhausted;
         let id = kind.id(&failure.delivery_id, notice.generation);
@@ -169,10 +177,17 @@ async fn side_effects(
 /// that failed: each is an event that will not arrive unless someone acts), at most
 /// once per hour (the first one, with where to find the rest): an endpoint down with
 /// thousands of events sends one e-mail, not thousands.
-async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> StoreResult<()> {
+async fn tell_owner(
+    services: &Services,
+    failure: &Failure,
+    hour: DateTime<Utc>,
+) -> StoreResult<()> {
     // Claimed before the owner is looked up: the rest of the hour's failures cost no read.
-    let claim = format!("owner-notice#{}#{window}", failure.tenant_id);
-    if !take_claim(services, &claim, Some(failure.id.as_str()), COUNTER_TTL).await? {
+    let claim = RememberedKey::OwnerNotice {
+        tenant: &failure.tenant_id,
+        hour,
+    };
+    if !take_claim(services, claim, Some(failure.id.as_str()), COUNTER_TTL).await? {
         return Ok(());
     }
     let Some(owner) = owner_of(services, &failure.tenant_id).await? else {
@@ -200,7 +215,7 @@ async fn tell_owner(services: &Services, failure: &Failure, window: i64) -> Stor
         }),
     };
     send(services, &notice).await;
-    mark_sent(services, &claim, COUNTER_TTL).await
+    mark_sent(services, claim, COUNTER_TTL).await
 }
 
 /// A resend that was delivered settles the failure records of the generations before

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use crate::endpoint::Endpoint;
 use crate::endpoint_health::{self, HealthEvent};
 use crate::ports::{Notice, NoticeKind, Services, StoreError, StoreResult};
+use crate::remembered::RememberedKey;
 
 use super::notices::{notify_once, owner_of, publish_operational, OperationalEvent};
 
@@ -123,12 +124,11 @@ pub async fn disable(
                 "enable": format!("entrega endpoints enable {}", endpoint.id),
             }),
         };
-        let claim = format!(
-            "disabled-notice#{}#{}",
-            endpoint.id,
-            now.timestamp() / 86_400
-        );
-        notify_once(services, &claim, None, NOTICE_CLAIM_TTL, notice).await?;
+        let claim = RememberedKey::DisabledNotice {
+            endpoint: &endpoint.id,
+            at: now,
+        };
+        notify_once(services, claim, None, NOTICE_CLAIM_TTL, notice).await?;
     }
     let kind = OperationalEvent::EndpointDisabled;
     let id = kind.id(&endpoint.id, now.timestamp());

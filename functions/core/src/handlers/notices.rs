@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::event::Event;
 use crate::ids::{EventId, TenantId};
 use crate::ports::{Audience, Notice, Services, StoreResult};
+use crate::remembered::RememberedKey;
 
 /// Attempts to hand a notice to the notifier (each adapter also retries with backoff
 /// inside, as the AWS SDK does).
@@ -16,7 +17,7 @@ const NOTIFY_TRIES: u32 = 3;
 /// Send `notice` unless `claim` was taken within `ttl`.
 pub async fn notify_once(
     services: &Services,
-    claim: &str,
+    claim: RememberedKey<'_>,
     holder: Option<&str>,
     ttl: Duration,
     notice: Notice,
@@ -36,16 +37,20 @@ pub async fn notify_once(
 /// (the owner's address), so a storm of failures reads once.
 pub async fn take_claim(
     services: &Services,
-    claim: &str,
+    claim: RememberedKey<'_>,
     holder: Option<&str>,
     ttl: Duration,
 ) -> StoreResult<bool> {
     let value = holder.unwrap_or(ANONYMOUS_HOLDER);
     Ok(
-        match services.store.remember_once(claim, value, ttl).await? {
+        match services
+            .store
+            .remember_once(&claim.to_string(), value, ttl)
+            .await?
+        {
             None => true,
             Some(existing) if holder.is_some_and(|h| h == existing) => {
-                services.store.recall(&sent_marker(claim)).await?.is_none()
+                services.store.recall(&claim.sent_marker()).await?.is_none()
             }
             Some(_) => false,
         },
@@ -53,16 +58,16 @@ pub async fn take_claim(
 }
 
 /// Record that the notice of `claim` left the process.
-pub async fn mark_sent(services: &Services, claim: &str, ttl: Duration) -> StoreResult<()> {
+pub async fn mark_sent(
+    services: &Services,
+    claim: RememberedKey<'_>,
+    ttl: Duration,
+) -> StoreResult<()> {
     services
         .store
-        .remember_once(&sent_marker(claim), "1", ttl)
+        .remember_once(&claim.sent_marker(), "1", ttl)
         .await
         .map(|_| ())
-}
-
-fn sent_marker(claim: &str) -> String {
-    format!("{claim}#sent")
 }
 
 /// The claim value when no holder is named: nobody may take it again.

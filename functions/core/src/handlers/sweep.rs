@@ -30,6 +30,7 @@ use crate::delivery::Delivery;
 use crate::event::format_timestamp;
 use crate::ids::EndpointId;
 use crate::ports::{Services, StoreResult};
+use crate::remembered::RememberedKey;
 
 use super::task::DeliveryTask;
 
@@ -123,7 +124,7 @@ async fn requeue_once(
     delivery: &Delivery,
     now: DateTime<Utc>,
 ) -> StoreResult<Claim> {
-    let claim = format!("sweep:{}", delivery.id);
+    let claim = RememberedKey::Sweep(&delivery.id).to_string();
     // The claim records when it was made, so a later run postpones to its end, not
     // to a claim period from whenever that run happens to see the delivery.
     if let Some(earlier) = services

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use entrega_core::ports::CounterStore;
+use entrega_core::remembered::IdempotencySlot;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -35,7 +36,7 @@ struct Remembered {
 /// One request, with its key if it came with one.
 pub(super) struct IdempotentRequest {
     /// Where its claim and answer are kept; `None` without a key.
-    slot: Option<String>,
+    slot: Option<IdempotencySlot>,
     /// The request's identity (see [`fingerprint`]).
     request: String,
 }
@@ -84,7 +85,11 @@ impl IdempotentRequest {
                             "1 to 200 visible ASCII characters (no spaces)",
                         )
                     })?;
-                Some(format!("{route}#{}#{key}", caller.key_hash))
+                Some(IdempotencySlot {
+                    route: route.to_owned(),
+                    caller: caller.key_hash.clone(),
+                    key: key.to_owned(),
+                })
             }
         };
         Ok(Self { slot, request })
@@ -99,7 +104,7 @@ impl IdempotentRequest {
         let Some(slot) = &self.slot else {
             return Ok(None);
         };
-        if let Some(stored) = store.recall(&format!("{slot}#answer")).await? {
+        if let Some(stored) = store.recall(&slot.answer()).await? {
             let stored: Remembered = serde_json::from_str(&stored).map_err(|e| {
                 ApiError::backend(format!("a remembered answer is unreadable: {e}"))
             })?;
@@ -109,7 +114,7 @@ impl IdempotentRequest {
             return Ok(Some(stored.answer));
         }
         if let Some(running) = store
-            .remember_once(&format!("{slot}#claim"), &self.request, CLAIM_HELD_FOR)
+            .remember_once(&slot.claim(), &self.request, CLAIM_HELD_FOR)
             .await?
         {
             if running != self.request {
@@ -128,7 +133,7 @@ impl IdempotentRequest {
     /// do the first part again.
     pub async fn failed(&self, store: &dyn CounterStore, changed_something: bool) -> ApiResult<()> {
         match &self.slot {
-            Some(slot) if !changed_something => Ok(store.forget(&format!("{slot}#claim")).await?),
+            Some(slot) if !changed_something => Ok(store.forget(&slot.claim()).await?),
             _ => Ok(()),
         }
     }
@@ -148,7 +153,7 @@ impl IdempotentRequest {
         };
         store
             .remember_once(
-                &format!("{slot}#answer"),
+                &slot.answer(),
                 &serde_json::to_string(&remembered).expect("an answer serialises"),
                 ANSWER_KEPT_FOR,
             )
@@ -184,8 +189,11 @@ mod tests {
     fn a_key_is_one_visible_word_given_once() {
         assert_eq!(request(&[]).unwrap().slot, None);
         assert_eq!(
-            request(&[b"console-0f9e"]).unwrap().slot.as_deref(),
-            Some("route#hash#console-0f9e")
+            request(&[b"console-0f9e"])
+                .unwrap()
+                .slot
+                .map(|slot| slot.claim()),
+            Some("route#hash#console-0f9e#claim".into())
         );
         let long = [b'k'; MAX_KEY_LEN + 1];
         for refused in [
