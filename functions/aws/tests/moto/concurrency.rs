@@ -8,7 +8,8 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use entrega_aws::lambda::delivery_batch;
 use entrega_core::endpoint::Endpoint;
 use entrega_core::handlers::fanout::fan_out;
-use entrega_core::ports::SystemClock;
+use entrega_core::ids::TenantId;
+use entrega_core::ports::{Services, SystemClock};
 use entrega_core::retry::RetrySpec;
 use entrega_core::slots::SlotPool;
 use entrega_testkit::{eventually, Receiver, Reply};
@@ -192,42 +193,46 @@ async fn a_hanging_endpoint_holds_its_own_batch_not_another_tenants() {
     // well before that.
     let timeout = Duration::from_millis(u64::from(slow.timeout_ms));
     assert!(timeout < HANG && slow.max_concurrency >= 3);
-    for n in 0..3 {
-        let stuck = event(
-            &s,
-            &slow_tenant,
-            "order.created",
-            &format!(r#"{{"n":{n}}}"#),
-        );
-        s.store.publish(&stuck).await.unwrap();
-    }
+    publish_numbered(&s, &slow_tenant, 3).await;
     eventually(Duration::from_secs(30), "the hanging attempts", || async {
         (hanging.count() == 3).then_some(())
     })
     .await;
 
-    let other_tenant = tenant(&s).await;
-    let quick = Receiver::answering(204).await;
-    endpoint(&s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
-    let published = std::time::Instant::now();
-    let theirs = event(&s, &other_tenant, "order.created", "{}");
-    s.store.publish(&theirs).await.unwrap();
-    eventually(
-        timeout / 2,
-        "the other tenant's event, while the first still hang",
-        || async { (quick.count() == 1).then_some(()) },
-    )
-    .await;
-    assert_eq!(quick.got()[0].header("webhook-id"), theirs.id.as_str());
+    let arrived = another_tenants_event_arrives(&s, timeout / 2).await;
     assert_eq!(
         hanging.count(),
         3,
         "the hanging attempts are still the only ones"
     );
-    println!(
-        "the other tenant's event arrived {:?} after it was published",
-        published.elapsed()
-    );
+    println!("the other tenant's event arrived {arrived:?} after it was published");
+}
+
+/// Publish `count` events for `tenant`, numbered in their data.
+async fn publish_numbered(s: &Services, tenant: &TenantId, count: usize) {
+    for n in 0..count {
+        let e = event(s, tenant, "order.created", &format!(r#"{{"n":{n}}}"#));
+        s.store.publish(&e).await.unwrap();
+    }
+}
+
+/// A new tenant's event to an endpoint answering at once arrives `within` of its
+/// publishing, while others hang; how long it took.
+async fn another_tenants_event_arrives(s: &Services, within: Duration) -> Duration {
+    let other_tenant = tenant(s).await;
+    let quick = Receiver::answering(204).await;
+    endpoint(s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
+    let published = std::time::Instant::now();
+    let theirs = event(s, &other_tenant, "order.created", "{}");
+    s.store.publish(&theirs).await.unwrap();
+    eventually(
+        within,
+        "the other tenant's event, while others hang",
+        || async { (quick.count() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(quick.got()[0].header("webhook-id"), theirs.id.as_str());
+    published.elapsed()
 }
 
 /// Endpoints slow lately hold at most the slow share of the worker together, however
@@ -318,33 +323,13 @@ async fn an_endpoint_that_starts_hanging_holds_one_share_of_the_pollers() {
         .unwrap();
     assert!(!ep.health.is_slow(s.clock.now()));
     let started = std::time::Instant::now();
-    for n in 0..EVENTS {
-        let e = event(
-            &s,
-            &hanging_tenant,
-            "order.created",
-            &format!(r#"{{"n":{n}}}"#),
-        );
-        s.store.publish(&e).await.unwrap();
-    }
+    publish_numbered(&s, &hanging_tenant, EVENTS).await;
     eventually(Duration::from_secs(20), "its share taken", || async {
         (hanging.count() >= SHARE).then_some(())
     })
     .await;
 
-    let other_tenant = tenant(&s).await;
-    let quick = Receiver::answering(204).await;
-    endpoint(&s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
-    let published = std::time::Instant::now();
-    let theirs = event(&s, &other_tenant, "order.created", "{}");
-    s.store.publish(&theirs).await.unwrap();
-    eventually(
-        Duration::from_secs(10),
-        "the other tenant's event, while the new endpoint hangs",
-        || async { (quick.count() == 1).then_some(()) },
-    )
-    .await;
-    let arrived = published.elapsed();
+    let arrived = another_tenants_event_arrives(&s, Duration::from_secs(10)).await;
     // Every message has been received by now: past the share, the rest wait hidden.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (peak, count) = (hanging.peak_in_flight(), hanging.count());

@@ -18,20 +18,7 @@ async fn a_busy_endpoint_hides_the_message_instead_of_waiting() {
     let c = case(|e| e.max_concurrency = 1).await;
     let d = c.publish().await;
     // Another attempt holds the endpoint's only slot.
-    let held = c
-        .world
-        .services
-        .slots
-        .acquire(
-            &SlotPool::Endpoint(c.endpoint.id.clone()),
-            1,
-            "another",
-            c.world.clock.now(),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    assert!(held.is_some());
+    assert!(c.hold_endpoint_slot("another").await.is_some());
     // Hidden for the first step of the backoff (jittered over its upper half).
     match c.handle_next().await {
         Disposition::RetryIn(wait) => {
@@ -54,18 +41,8 @@ async fn one_endpoint_holds_no_more_than_its_share_whatever_its_cap() {
     let mut c = case(|e| e.max_concurrency = 64).await;
     c.world.services.settings.one_endpoint_share = 1;
     let held = c
-        .world
-        .services
-        .slots
-        .acquire(
-            &SlotPool::Endpoint(c.endpoint.id.clone()),
-            1,
-            "a hanging attempt",
-            c.world.clock.now(),
-            Duration::from_secs(60),
-        )
+        .hold_endpoint_slot("a hanging attempt")
         .await
-        .unwrap()
         .expect("the share's one place");
     let waiting = c.publish().await;
     assert!(matches!(c.handle_next().await, Disposition::RetryIn(_)));

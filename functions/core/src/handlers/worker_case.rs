@@ -121,12 +121,20 @@ impl Case {
 
     /// The one place of a slow share of one, for `holder`, if it is free.
     pub(super) async fn hold_slow_share(&self, holder: &str) -> Option<crate::slots::SlotLease> {
+        self.hold(SlotPool::SlowEndpoints, holder).await
+    }
+
+    /// The first of the endpoint's slots, for `holder` (another attempt), if it is free.
+    pub(super) async fn hold_endpoint_slot(&self, holder: &str) -> Option<crate::slots::SlotLease> {
+        self.hold(SlotPool::Endpoint(self.endpoint.id.clone()), holder)
+            .await
+    }
+
+    /// The first place of `pool`, taken as a pool of one, for `holder`.
+    async fn hold(&self, pool: SlotPool, holder: &str) -> Option<crate::slots::SlotLease> {
         let now = self.world.clock.now();
         let slots = &self.world.services.slots;
-        slots
-            .acquire(&SlotPool::SlowEndpoints, 1, holder, now, HIDE)
-            .await
-            .unwrap()
+        slots.acquire(&pool, 1, holder, now, HIDE).await.unwrap()
     }
 
     pub(super) fn advance(&self, seconds: u64) {
