@@ -59,10 +59,16 @@ pub struct Emulation {
 impl Emulation {
     /// Run every poller until `shutdown` turns true. The handlers keep the slow
     /// endpoints' share of these pollers, and one endpoint's, as the Lambda worker
-    /// keeps its own.
+    /// keeps its own, unless the caller set shares of its own (the cost bench prices
+    /// the deployed worker's).
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
-        self.services.settings.slow_endpoint_share = SLOW_ENDPOINT_SHARE;
-        self.services.settings.one_endpoint_share = ONE_ENDPOINT_SHARE;
+        let settings = &mut self.services.settings;
+        if settings.slow_endpoint_share == 0 {
+            settings.slow_endpoint_share = SLOW_ENDPOINT_SHARE;
+        }
+        if settings.one_endpoint_share == 0 {
+            settings.one_endpoint_share = ONE_ENDPOINT_SHARE;
+        }
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().stream_loop(shutdown.clone()));
         for _ in 0..DELIVERY_POLLERS {

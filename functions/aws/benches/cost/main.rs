@@ -135,6 +135,13 @@ async fn run(n: usize, fail_first: bool) -> Run {
     // Metrics go to CloudWatch through the log (EMF) on AWS: free of API calls, and
     // noise here.
     services.metrics = Arc::new(NoMetrics);
+    // The deployed worker's shares (the template's default concurrency), not those of
+    // the emulator's sixteen pollers: with a quarter of sixteen, an endpoint at the
+    // default cap (8) would wait for slots here as it never does on AWS, and the bill
+    // would price the emulator's bounces.
+    let deployed = entrega_aws::function::DEFAULT_WORKER_CONCURRENCY;
+    services.settings.slow_endpoint_share = entrega_aws::function::slow_endpoint_share(deployed);
+    services.settings.one_endpoint_share = entrega_aws::function::one_endpoint_share(deployed);
 
     let (url, seen) = receiver(fail_first).await;
     let tenant = Tenant {
