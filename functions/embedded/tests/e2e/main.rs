@@ -4,6 +4,7 @@ mod age_rule;
 mod api_errors;
 #[cfg(feature = "aws")]
 mod aws_backend;
+mod batch_resend;
 mod cli;
 mod console;
 mod crash;
