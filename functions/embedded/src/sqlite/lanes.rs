@@ -410,5 +410,8 @@ enum Turn {
 }
 
 #[cfg(test)]
+#[path = "lanes_slow_tests.rs"]
+mod slow_tests;
+#[cfg(test)]
 #[path = "lanes_tests.rs"]
 mod tests;
