@@ -7,5 +7,6 @@ mod harness;
 mod lambda_events;
 mod operations;
 mod provisioning;
+mod retries;
 mod support;
 mod sweep;
