@@ -21,6 +21,7 @@ mod load;
 mod openapi;
 mod operations;
 mod pg_outbox;
+mod pg_outbox_connection;
 mod readme;
 mod retries;
 mod ssrf;
