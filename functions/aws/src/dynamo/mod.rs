@@ -57,6 +57,7 @@
 
 mod backlog;
 mod deliveries;
+mod delivery_log;
 mod due_scan;
 mod endpoints;
 mod events;
