@@ -11,10 +11,9 @@ use entrega_core::ids::DeliveryId;
 use entrega_core::ports::{Clock, ManualClock};
 use entrega_testkit::{eventually, Receiver, Reply};
 
+use crate::delivery::{delays, delivery_state};
 use crate::harness::Stack;
 use crate::support::*;
-
-use crate::delivery::{delays, delivery_state};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_comes_back_through_a_visibility_change() {
