@@ -33,6 +33,14 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// A request's headers must arrive within this; an idle keep-alive connection is
 /// closed after it too.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The read buffer's limit: a request's head that has not ended when the buffer
+/// reaches it gets a 431 (one last read can take the buffer to about twice this, so
+/// a head up to about 64 KiB may pass), and a body is read in pieces no larger.
+/// hyper's default, about 400 KiB, let every connection at the cap hold that much in
+/// headers alone (1.6 GB at 4 096 connections); this holds them to about 256 MiB. No
+/// request of the API needs more: a key, an `Idempotency-Key` of 200 characters.
+/// nginx allows 32 KiB of headers.
+pub const READ_BUFFER_MAX: usize = 32 * 1024;
 /// A request body must arrive whole within this (not per chunk: a byte every few
 /// seconds does not keep a request alive).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -192,6 +200,7 @@ pub async fn serve(
                 let mut b = hyper::server::conn::http1::Builder::new();
                 b.timer(TokioTimer::new())
                     .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .max_buf_size(READ_BUFFER_MAX)
                     .keep_alive(true);
                 b
             };
