@@ -2,7 +2,7 @@
 //! once, as two concurrent invocations would, never send more than the cap together.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use entrega_aws::lambda::delivery_batch;
@@ -216,13 +216,35 @@ async fn publish_numbered(s: &Services, tenant: &TenantId, count: usize) {
     }
 }
 
+/// Until `share` attempts hang at `hanging`.
+async fn share_taken(hanging: &Receiver, share: usize) {
+    eventually(Duration::from_secs(20), "the share taken", || async {
+        (hanging.count() >= share).then_some(())
+    })
+    .await;
+}
+
+/// The most attempts that were in flight at once at `hanging`, and how many came,
+/// after `settle` more for every message to be received (past the share, the rest
+/// wait hidden), and still before the hanging attempts' timeout (30 s from `started`)
+/// could free a place.
+async fn settled_peak(hanging: &Receiver, started: Instant, settle: Duration) -> (usize, usize) {
+    tokio::time::sleep(settle).await;
+    let (peak, count) = (hanging.peak_in_flight(), hanging.count());
+    assert!(
+        started.elapsed() < Duration::from_secs(29),
+        "too slow to tell: an attempt may have timed out and freed its place"
+    );
+    (peak, count)
+}
+
 /// A new tenant's event to an endpoint answering at once arrives `within` of its
 /// publishing, while others hang; how long it took.
 async fn another_tenants_event_arrives(s: &Services, within: Duration) -> Duration {
     let other_tenant = tenant(s).await;
     let quick = Receiver::answering(204).await;
     endpoint(s, &other_tenant, quick.url("/quick"), RetrySpec::default()).await;
-    let published = std::time::Instant::now();
+    let published = Instant::now();
     let theirs = event(s, &other_tenant, "order.created", "{}");
     s.store.publish(&theirs).await.unwrap();
     eventually(
@@ -270,24 +292,15 @@ async fn endpoints_that_hang_hold_at_most_the_slow_share_together() {
         slow.push(t);
     }
     // Their caps (8 each) would let 160 attempts hang, every poller's batch.
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     for n in 0..EVENTS_EACH {
         for t in &slow {
             let e = event(&s, t, "order.created", &format!(r#"{{"n":{n}}}"#));
             s.store.publish(&e).await.unwrap();
         }
     }
-    eventually(Duration::from_secs(20), "the share taken", || async {
-        (hanging.count() >= SHARE).then_some(())
-    })
-    .await;
-    // Every message has been received by now: with the share, the rest wait hidden.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let (peak, count) = (hanging.peak_in_flight(), hanging.count());
-    assert!(
-        started.elapsed() < Duration::from_secs(29),
-        "too slow to tell: an attempt may have timed out and freed its place"
-    );
+    share_taken(&hanging, SHARE).await;
+    let (peak, count) = settled_peak(&hanging, started, Duration::from_secs(4)).await;
     println!("{count} attempts at the hanging endpoints, at most {peak} at once");
     assert_eq!(peak, SHARE, "slow endpoints hold the share, and no more");
 }
@@ -322,21 +335,11 @@ async fn an_endpoint_that_starts_hanging_holds_one_share_of_the_pollers() {
         .await
         .unwrap();
     assert!(!ep.health.is_slow(s.clock.now()));
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     publish_numbered(&s, &hanging_tenant, EVENTS).await;
-    eventually(Duration::from_secs(20), "its share taken", || async {
-        (hanging.count() >= SHARE).then_some(())
-    })
-    .await;
-
+    share_taken(&hanging, SHARE).await;
     let arrived = another_tenants_event_arrives(&s, Duration::from_secs(10)).await;
-    // Every message has been received by now: past the share, the rest wait hidden.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (peak, count) = (hanging.peak_in_flight(), hanging.count());
-    assert!(
-        started.elapsed() < Duration::from_secs(29),
-        "too slow to tell: an attempt may have timed out and freed its place"
-    );
+    let (peak, count) = settled_peak(&hanging, started, Duration::from_secs(3)).await;
     println!("{count} attempts at the new hanging endpoint, at most {peak} at once; the other tenant's event arrived {arrived:?} after it was published");
     assert_eq!(peak, SHARE, "one endpoint holds its share, and no more");
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use chrono::Utc;
 use entrega_aws::emulation::parse_at;
 use entrega_core::delivery::DeliveryState;
+use entrega_core::endpoint::Endpoint;
+use entrega_core::event::Event;
 use entrega_core::ids::DeliveryId;
 use entrega_core::ports::{Clock, ManualClock};
 use entrega_testkit::{eventually, Receiver, Reply};
@@ -15,15 +17,26 @@ use crate::delivery::{delays, delivery_state};
 use crate::harness::Stack;
 use crate::support::*;
 
+/// A new tenant's endpoint at `receiver` retrying after `delays_s`, and one event for
+/// it committed through the outbox: the endpoint and the event.
+async fn one_event_retried(
+    stack: &Stack,
+    receiver: &Receiver,
+    delays_s: Vec<u64>,
+) -> (Endpoint, Event) {
+    let s = &stack.services;
+    let tenant = tenant(s).await;
+    let ep = endpoint(s, &tenant, receiver.url("/"), delays(delays_s)).await;
+    let e = event(s, &tenant, "a.b", "{}");
+    assert!(move_lead_stage(stack, "L", &e, false).await);
+    (ep, e)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_comes_back_through_a_visibility_change() {
     let stack = Stack::start().await;
-    let s = &stack.services;
-    let tenant = tenant(s).await;
     let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
-    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![2])).await;
-    let e = event(s, &tenant, "a.b", "{}");
-    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let (ep, e) = one_event_retried(&stack, &receiver, vec![2]).await;
     eventually(Duration::from_secs(30), "two attempts", || async {
         (receiver.count() == 2).then_some(())
     })
@@ -40,7 +53,7 @@ async fn a_retry_comes_back_through_a_visibility_change() {
         (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
     })
     .await;
-    let attempts = s.store.list_attempts(&id).await.unwrap();
+    let attempts = stack.services.store.list_attempts(&id).await.unwrap();
     assert_eq!(
         attempts.iter().map(|a| a.status_code).collect::<Vec<_>>(),
         [Some(503), Some(200)]
@@ -53,12 +66,8 @@ async fn a_retry_comes_back_through_a_visibility_change() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_second_retries_are_delivered_without_spinning_into_the_dlq() {
     let stack = Stack::start().await;
-    let s = &stack.services;
-    let tenant = tenant(s).await;
     let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
-    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![1, 1])).await;
-    let e = event(s, &tenant, "a.b", "{}");
-    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let (ep, e) = one_event_retried(&stack, &receiver, vec![1, 1]).await;
     let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
     eventually(Duration::from_secs(30), "delivered", || async {
         (delivery_state(&stack, &id).await == Some(DeliveryState::Delivered)).then_some(())
@@ -117,12 +126,8 @@ async fn queue_counts(stack: &Stack) -> (u64, u64, u64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_two_minute_retry_waits_as_a_delayed_message_not_in_flight() {
     let stack = Stack::start().await;
-    let s = &stack.services;
-    let tenant = tenant(s).await;
     let receiver = Receiver::answering(503).await;
-    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![120])).await;
-    let e = event(s, &tenant, "a.b", "{}");
-    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let (ep, e) = one_event_retried(&stack, &receiver, vec![120]).await;
     let id = DeliveryId::for_event(&e.id, &ep.id, e.created_at.timestamp_millis());
     eventually(
         Duration::from_secs(30),
@@ -145,12 +150,8 @@ async fn a_two_minute_retry_waits_as_a_delayed_message_not_in_flight() {
 async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
     let clock = Arc::new(ManualClock::new(Utc::now()));
     let stack = Stack::start_with_clock(clock.clone()).await;
-    let s = &stack.services;
-    let tenant = tenant(s).await;
     let receiver = Receiver::start(vec![Reply::status(503)], Reply::status(200)).await;
-    let ep = endpoint(s, &tenant, receiver.url("/"), delays(vec![13 * 3600])).await;
-    let e = event(s, &tenant, "a.b", "{}");
-    assert!(move_lead_stage(&stack, "L", &e, false).await);
+    let (ep, e) = one_event_retried(&stack, &receiver, vec![13 * 3600]).await;
     eventually(Duration::from_secs(30), "the first attempt", || async {
         (receiver.count() == 1).then_some(())
     })
@@ -187,7 +188,7 @@ async fn a_retry_beyond_12_hours_goes_through_a_schedule() {
     assert_eq!(target.arn(), stack.resources.delivery_queue_arn);
     assert_eq!(
         target.sqs_parameters().and_then(|p| p.message_group_id()),
-        Some(tenant.as_str()),
+        Some(e.tenant_id.as_str()),
         "the retry keeps its tenant's message group (fair queueing)"
     );
     assert_eq!(
