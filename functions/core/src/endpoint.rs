@@ -184,9 +184,7 @@ pub fn is_operational(event_type: &str) -> bool {
 /// Whether a type a producer sends is in Entrega's own type space, in any case:
 /// refused by the API and both outboxes, beside `notices::is_reserved_id`.
 pub fn is_reserved_type(event_type: &str) -> bool {
-    event_type
-        .get(..OPERATIONAL_PREFIX.len())
-        .is_some_and(|start| start.eq_ignore_ascii_case(OPERATIONAL_PREFIX))
+    crate::text::starts_with_any_case(event_type, OPERATIONAL_PREFIX)
 }
 
 /// The subscription filter: empty means every type; otherwise an exact type or a

@@ -1,6 +1,13 @@
 //! Text that people read (names, descriptions, notes, table cells): which characters
 //! must never reach a screen as they are.
 
+/// Whether `s` starts with `prefix` in any ASCII case: what a reserved prefix is
+/// checked by, so `Entrega-` is no way around `entrega-`.
+pub fn starts_with_any_case(s: &str, prefix: &str) -> bool {
+    s.get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+}
+
 /// Zero-width non-joiner and joiner: invisible, but how Persian, the Indic scripts and
 /// emoji sequences write some words and pictures.
 const JOINERS: [char; 2] = ['\u{200C}', '\u{200D}'];

@@ -8,9 +8,9 @@ use chrono::DurationRound;
 
 use crate::event::format_timestamp;
 use crate::ports::{Audience, Notice, NoticeKind, Services, StoreResult, MAX_PAGE_SIZE};
+use crate::remembered::RememberedKey;
 
 use super::notices::notify_once;
-use crate::remembered::RememberedKey;
 
 /// How long a failure may stay unacknowledged.
 pub const MAX_UNACKNOWLEDGED_AGE: Duration = Duration::from_secs(24 * 3600);

@@ -105,8 +105,7 @@ pub const OPERATIONAL_ID_PREFIX: &str = "entrega-";
 /// Whether `id` is in Entrega's own id space (any case): refused to producers, by the
 /// API and by both outboxes.
 pub fn is_reserved_id(id: &str) -> bool {
-    id.get(..OPERATIONAL_ID_PREFIX.len())
-        .is_some_and(|start| start.eq_ignore_ascii_case(OPERATIONAL_ID_PREFIX))
+    crate::text::starts_with_any_case(id, OPERATIONAL_ID_PREFIX)
 }
 
 /// Entrega's own events (`entrega.*`), which an endpoint receives only if it names them.
