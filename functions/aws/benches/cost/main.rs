@@ -135,13 +135,12 @@ async fn run(n: usize, fail_first: bool) -> Run {
     // Metrics go to CloudWatch through the log (EMF) on AWS: free of API calls, and
     // noise here.
     services.metrics = Arc::new(NoMetrics);
-    // The deployed worker's shares (the template's default concurrency), not those of
-    // the emulator's sixteen pollers: with a quarter of sixteen, an endpoint at the
+    // The deployed worker's settings, as its Lambda reads them (the template's default
+    // concurrency unless `ENTREGA_WORKER_CONCURRENCY` says otherwise), not the
+    // emulator's sixteen pollers' shares: with a quarter of sixteen, an endpoint at the
     // default cap (8) would wait for slots here as it never does on AWS, and the bill
     // would price the emulator's bounces.
-    let deployed = entrega_aws::function::DEFAULT_WORKER_CONCURRENCY;
-    services.settings.slow_endpoint_share = entrega_aws::function::slow_endpoint_share(deployed);
-    services.settings.one_endpoint_share = entrega_aws::function::one_endpoint_share(deployed);
+    services.settings = entrega_aws::function::settings_from_env();
 
     let (url, seen) = receiver(fail_first).await;
     let tenant = Tenant {

@@ -125,14 +125,11 @@ impl OperationalEvent {
         }
     }
 
-    /// Its id: what it tells, about which record, at which point of it (a generation,
-    /// a time), so that telling it again is a replay, not a second event.
+    /// Its id: what it tells (its type's last word), about which record, at which
+    /// point of it (a generation, a time), so that telling it again is a replay, not a
+    /// second event.
     pub fn id(self, about: impl std::fmt::Display, at: impl std::fmt::Display) -> String {
-        let what = match self {
-            Self::DeliveryExhausted => "exhausted",
-            Self::EndpointDisabled => "disabled",
-            Self::EndpointRecovered => "recovered",
-        };
+        let what = self.event_type().rsplit('.').next().unwrap_or_default();
         format!("{OPERATIONAL_ID_PREFIX}{what}-{about}-{at}")
     }
 }
