@@ -17,7 +17,7 @@ use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::sync::{open_log, sync_loop, Answers, SYNC_QUEUE};
+use super::sync::{open_log, sync_loop, Answers, SyncGate, SYNC_QUEUE};
 use super::writer::{write_loop, Detached, Job, Work, WriteJob};
 use super::{schema, DbError};
 
@@ -226,14 +226,16 @@ impl SqliteDb {
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         let last_write_failure_ms = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let broken = Arc::new(std::sync::OnceLock::new());
+        let gate = Arc::new(SyncGate::default());
         let to_sync = match durability {
             Durability::Normal => None,
             Durability::Full => {
                 let log = open_log(&conn)?;
                 let (to_sync, waiting) = std::sync::mpsc::sync_channel(SYNC_QUEUE);
                 let (failing, broken) = (last_write_failure_ms.clone(), broken.clone());
+                let gate = gate.clone();
                 spawn("sync", move || {
-                    sync_loop(waiting, || sync(&log), &failing, &broken)
+                    sync_loop(waiting, || sync(&log), &gate, &failing, &broken)
                 })?;
                 Some(to_sync)
             }
@@ -244,7 +246,7 @@ impl SqliteDb {
             write_loop(
                 conn,
                 queued,
-                Answers::new(to_sync),
+                Answers::new(to_sync, gate),
                 &failing,
                 &writer_broken,
             )

@@ -3,6 +3,11 @@
 //! [`sync_loop`] for why that is as durable as `synchronous=FULL`, and what a failed
 //! sync does).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
 use rusqlite::Connection;
 
 use super::writer::WriteJob;
@@ -11,22 +16,87 @@ use super::writer::WriteJob;
 /// (the callers in them are waiting too, so this bounds nothing that grows by itself).
 pub(super) const SYNC_QUEUE: usize = 1_024;
 
+/// The longest the writer holds its next commit back for a sync under way (see
+/// [`Answers::wait_for_sync`]): a sync takes about a millisecond here, but a disk
+/// that stalls must not hold up the writes nobody waits on the disk for (a lease,
+/// a fan-out) for as long as it stalls.
+pub(super) const LONGEST_HOLD: Duration = Duration::from_millis(100);
+
+/// Whether a sync is under way, told by the sync thread to the writer.
+#[derive(Default)]
+pub(super) struct SyncGate {
+    /// Set by the writer before it hands committed work over, cleared by the sync
+    /// thread once it has nothing left to sync. (In that order, it is never left set
+    /// with the sync thread idle: whatever the writer hands over after setting it, the
+    /// sync thread receives, syncs, and then clears it.)
+    syncing: AtomicBool,
+    /// The writer's thread, woken when the flag is cleared.
+    writer: OnceLock<Thread>,
+}
+
+impl SyncGate {
+    /// The sync thread has nothing left to sync: wake the writer if it waits for that.
+    fn idle(&self) {
+        self.syncing.store(false, Ordering::Release);
+        if let Some(writer) = self.writer.get() {
+            writer.unpark();
+        }
+    }
+}
+
 /// Where the writer hands committed work: straight back to its callers, or, for
 /// callers who must not hear "done" before their work is on disk, to the sync thread.
 pub(super) struct Answers {
     /// The sync thread's queue; `None` when no commit waits for the disk
     /// (`Durability::Normal`).
     to_sync: Option<std::sync::mpsc::SyncSender<Vec<Box<dyn WriteJob>>>>,
+    /// Shared with the sync thread.
+    gate: Arc<SyncGate>,
     /// This group's jobs that wait for the next sync.
     waiting: Vec<Box<dyn WriteJob>>,
 }
 
 impl Answers {
-    pub fn new(to_sync: Option<std::sync::mpsc::SyncSender<Vec<Box<dyn WriteJob>>>>) -> Self {
+    pub fn new(
+        to_sync: Option<std::sync::mpsc::SyncSender<Vec<Box<dyn WriteJob>>>>,
+        gate: Arc<SyncGate>,
+    ) -> Self {
         Self {
             to_sync,
+            gate,
             waiting: Vec::new(),
         }
+    }
+
+    /// Called on the writer's thread before its first commit.
+    pub(super) fn on_writer_thread(&self) {
+        let _ = self.gate.writer.set(std::thread::current());
+    }
+
+    /// If a sync is under way, wait (at most [`LONGEST_HOLD`]) until it is over;
+    /// whether one was.
+    ///
+    /// Why the writer holds its next commit back meanwhile: its durable callers cannot
+    /// hear "done" before the sync after this one, which starts only once this one is
+    /// over, so committing now gains them nothing; and a commit writes each page its
+    /// group changed, once per commit. Under load the writer committed a few jobs at a
+    /// time, several times a sync, and wrote about three log pages a delivery; one
+    /// commit a sync writes the pages the deliveries share once. Writes nobody waits
+    /// on the disk for (a lease, a fan-out beside its publish) wait up to one sync
+    /// longer to be committed.
+    pub(super) fn wait_for_sync(&self) -> bool {
+        if self.to_sync.is_none() || !self.gate.syncing.load(Ordering::Acquire) {
+            return false;
+        }
+        let until = std::time::Instant::now() + LONGEST_HOLD;
+        while self.gate.syncing.load(Ordering::Acquire) {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::park_timeout(left);
+        }
+        true
     }
 
     /// `job`'s transaction ended: answer it now, or once the log is on disk.
@@ -45,6 +115,7 @@ impl Answers {
         }
         let jobs = std::mem::take(&mut self.waiting);
         let Some(to_sync) = &self.to_sync else { return };
+        self.gate.syncing.store(true, Ordering::Release);
         if let Err(std::sync::mpsc::SendError(jobs)) = to_sync.send(jobs) {
             for job in jobs {
                 job.finish(Err("the database's sync thread has stopped".to_owned()));
@@ -75,10 +146,23 @@ impl Answers {
 pub(super) fn sync_loop(
     waiting: std::sync::mpsc::Receiver<Vec<Box<dyn WriteJob>>>,
     mut sync: impl FnMut() -> std::io::Result<()>,
+    gate: &SyncGate,
     failing: &std::sync::atomic::AtomicI64,
     broken: &std::sync::OnceLock<String>,
 ) {
-    while let Ok(mut jobs) = waiting.recv() {
+    let _idle_at_exit = IdleOnDrop(gate);
+    loop {
+        let mut jobs = match waiting.try_recv() {
+            Ok(jobs) => jobs,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                gate.idle();
+                match waiting.recv() {
+                    Ok(jobs) => jobs,
+                    Err(_) => return,
+                }
+            }
+        };
         while let Ok(more) = waiting.try_recv() {
             jobs.extend(more);
         }
@@ -102,6 +186,16 @@ pub(super) fn sync_loop(
         for job in jobs {
             job.finish(synced.clone());
         }
+    }
+}
+
+/// Clears the gate when the sync thread ends (its queue closed, or a panic), so the
+/// writer never waits for a sync that will not come.
+struct IdleOnDrop<'a>(&'a SyncGate);
+
+impl Drop for IdleOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.idle();
     }
 }
 

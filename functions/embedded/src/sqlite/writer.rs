@@ -160,9 +160,10 @@ where
 /// The writer never waits for the disk itself: it commits with
 /// `synchronous=NORMAL`, which writes the log without syncing it, and the callers who
 /// need their work on disk hear "done" from [`super::sync::sync_loop`] once the log
-/// is synced. So while one sync is under way the writer goes on committing the next
-/// groups, and one sync covers them all, where a synchronous commit held the writer
-/// idle for every sync (at 5 000 events/s, most of its time).
+/// is synced, where a synchronous commit held the writer idle for every sync (at
+/// 5 000 events/s, most of its time). While one sync is under way, what is queued
+/// meanwhile waits for it to end and then commits as one group (see
+/// [`Answers::wait_for_sync`]): the next sync covers it either way.
 pub(super) fn write_loop(
     mut conn: Connection,
     mut queued: mpsc::Receiver<Box<dyn WriteJob>>,
@@ -171,6 +172,7 @@ pub(super) fn write_loop(
     broken: &std::sync::OnceLock<String>,
 ) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_GROUP);
+    answers.on_writer_thread();
     while let Some(first) = queued.blocking_recv() {
         group.push(first);
         take_queued(&mut queued, &mut group);
@@ -182,7 +184,9 @@ pub(super) fn write_loop(
             }
             continue;
         }
-        if group.len() >= BUSY_GROUP {
+        if answers.wait_for_sync() {
+            take_queued(&mut queued, &mut group);
+        } else if group.len() >= BUSY_GROUP {
             // Under load, a moment's wait lets the callers this commit is about to
             // answer queue their next writes into it: fewer, fuller commits write
             // each shared page once instead of once per small group.
