@@ -18,6 +18,7 @@ pub mod memory;
 pub mod outcome;
 pub mod ports;
 pub mod producer_outbox;
+pub mod raw_json;
 pub mod remembered;
 pub mod retry;
 pub mod retry_after;

@@ -9,6 +9,7 @@ use crate::endpoint::{is_reserved_type, validate_event_type};
 use crate::event::{Event, MAX_PAYLOAD_BYTES};
 use crate::handlers::notices::is_reserved_id;
 use crate::ids::{EventId, TenantId};
+use crate::raw_json::raw_json_problem;
 
 /// One row of the producer's outbox table, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +38,9 @@ pub enum QuarantineReason {
     ReservedId,
     /// A payload over 256 KiB.
     TooLarge,
+    /// A payload the API refuses although it is JSON (see [`crate::raw_json`]):
+    /// nested deeper than receivers' parsers take, or a lone surrogate escape.
+    BadPayload,
     /// The id was already published with another type or payload.
     IdReused,
 }
@@ -51,6 +55,7 @@ impl QuarantineReason {
             Self::ReservedType => "reserved_type",
             Self::ReservedId => "reserved_id",
             Self::TooLarge => "too_large",
+            Self::BadPayload => "bad_payload",
             Self::IdReused => "id_reused",
         }
     }
@@ -80,6 +85,9 @@ pub fn event_of_row(row: &OutboxRow, now: DateTime<Utc>) -> Result<Event, Quaran
         .as_ref()
         .filter(|p| p.len() <= MAX_PAYLOAD_BYTES)
         .ok_or(QuarantineReason::TooLarge)?;
+    if raw_json_problem(payload.as_bytes()).is_some() {
+        return Err(QuarantineReason::BadPayload);
+    }
     Ok(Event {
         id,
         tenant_id,
@@ -140,5 +148,20 @@ mod tests {
             QuarantineReason::TooLarge
         );
         assert_eq!(bad(|r| r.payload = None), QuarantineReason::TooLarge);
+        fn nested(depth: usize) -> Option<String> {
+            Some(format!("{}{}", "[".repeat(depth), "]".repeat(depth)))
+        }
+        assert_eq!(
+            bad(|r| r.payload = nested(crate::raw_json::MAX_RAW_NESTING + 1)),
+            QuarantineReason::BadPayload,
+            "as deep as the API refuses"
+        );
+        let mut r = row();
+        r.payload = nested(crate::raw_json::MAX_RAW_NESTING);
+        assert!(event_of_row(&r, Utc::now()).is_ok(), "as deep as it takes");
+        assert_eq!(
+            bad(|r| r.payload = Some(r#"{"a":"\ud800"}"#.into())),
+            QuarantineReason::BadPayload
+        );
     }
 }

@@ -181,19 +181,9 @@ async fn run(command: Command) -> Result<(), BoxError> {
             command: OutboxCommand::Init { postgres, grant_to },
         } => {
             let postgres = postgres_url("--postgres", &postgres)?;
-            let tls = entrega_embedded::pg_outbox::tls::connector();
-            let (mut client, connection) = postgres
-                .connect(tls)
-                .await
-                .map_err(|e| entrega_embedded::pg_outbox::error_text(&e))?;
-            tokio::spawn(connection);
-            entrega_embedded::pg_outbox::schema::init(&mut client, grant_to.as_deref())
-                .await
-                .map_err(|e| entrega_embedded::pg_outbox::error_text(&e))?;
-            println!(
-                "entrega_outbox ready in {}",
-                entrega_embedded::pg_outbox::describe(&postgres)
-            );
+            let ready =
+                entrega_embedded::pg_outbox::init_command(&postgres, grant_to.as_deref()).await?;
+            println!("{ready}");
             Ok(())
         }
         Command::Provision(args) => provision_aws(&args).await,

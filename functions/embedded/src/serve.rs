@@ -347,15 +347,17 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = tokio::spawn(workers(stop_rx.clone()));
     let mut drains = tokio::task::JoinSet::new();
-    for outbox in &config.outboxes {
-        tracing::info!(outbox = %crate::pg_outbox::describe(outbox), "draining");
+    let names = crate::pg_outbox::names(&config.outboxes);
+    for (outbox, name) in config.outboxes.iter().zip(names) {
+        tracing::info!(outbox = %name, "draining");
         let drain = crate::pg_outbox::Drain {
             config: outbox.clone(),
+            name,
             services: state.services.clone(),
             after_publish: probes.fan_out.clone(),
             conditions: probes.conditions.clone(),
         };
-        drains.spawn(drain.run(stop_rx.clone()));
+        drains.spawn(drain.run_supervised(stop_rx.clone()));
     }
     let api = tokio::spawn(crate::http_server::serve(
         listener,

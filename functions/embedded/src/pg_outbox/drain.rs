@@ -53,8 +53,6 @@ const FAN_OUT_CONCURRENCY: usize = 64;
 /// does: fan-out is the back-pressure, and its backlog stays under the outbox
 /// poller's grace, so the poller never fans the same events out beside it.
 const FAN_OUT_BATCHES_IN_FLIGHT: usize = 4;
-/// How long connecting to the producer's database may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a batch did not drain.
 #[derive(Debug, thiserror::Error)]
@@ -71,11 +69,17 @@ pub enum DrainError {
     /// The batch took longer than [`BATCH_TIMEOUT`]; the connection is dropped.
     #[error("a batch took longer than {0:?}; reconnecting")]
     Timeout(Duration),
+    /// Connecting failed or took longer than [`super::CONNECT_TIMEOUT`].
+    #[error("{0}")]
+    Connect(String),
 }
 
 /// One drain of one outbox. Several may run against the same table.
+#[derive(Clone)]
 pub struct Drain {
     pub config: tokio_postgres::Config,
+    /// How `/healthz` and the log name it (see [`super::names`]).
+    pub name: String,
     pub services: Services,
     /// The embedded runtime fans a new event out at once; `None` where the store's
     /// own outbox does it (the AWS backend's stream).
@@ -94,13 +98,34 @@ pub struct Drained {
     pub deferred: usize,
 }
 
+/// A row of the outbox: its tenant and id (an id is scoped to its tenant).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RowKey {
+    tenant_id: String,
+    id: String,
+}
+
+impl RowKey {
+    fn of(row: &OutboxRow) -> Self {
+        Self {
+            tenant_id: row.tenant_id.clone(),
+            id: row.id.clone(),
+        }
+    }
+}
+
+/// The keys' two columns, as arrays for `unnest($1::text[], $2::text[])`.
+fn key_columns<'a>(keys: impl Iterator<Item = &'a RowKey>) -> (Vec<&'a str>, Vec<&'a str>) {
+    keys.map(|k| (k.tenant_id.as_str(), k.id.as_str())).unzip()
+}
+
 /// What the rows of a batch are to become.
 #[derive(Default)]
 struct Screened {
-    events: Vec<Event>,
-    bad: Vec<(String, QuarantineReason)>,
+    events: Vec<(RowKey, Event)>,
+    bad: Vec<(RowKey, QuarantineReason)>,
     /// Rows of tenants whose backlog is full: left where they are.
-    held: HashSet<String>,
+    held: HashSet<RowKey>,
 }
 
 impl Drained {
@@ -113,7 +138,7 @@ impl Drain {
     /// Drain until `shutdown` turns true. A failing database or store is reported in
     /// `/healthz` and retried with backoff; nothing is lost meanwhile (the rows wait).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let name = super::describe(&self.config);
+        let name = self.name.clone();
         let tls = super::tls::connector();
         let wake = Arc::new(Notify::new());
         // Room for fan-outs running behind the drain.
@@ -167,6 +192,33 @@ impl Drain {
         }
     }
 
+    /// [`Self::run`], run again after a pause if it panics: a drain that stopped on a
+    /// bug (a column it could not read did) left its rows waiting for good while
+    /// `/healthz` said all was well. Now `/healthz` says so, and it goes on.
+    pub async fn run_supervised(self, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = LoopBackoff::default();
+        loop {
+            let Err(stopped) = tokio::spawn(self.clone().run(shutdown.clone())).await else {
+                return;
+            };
+            let why = format!(
+                "{}: the drain stopped ({stopped}); restarting it",
+                self.name
+            );
+            tracing::error!(outbox = %self.name, reason = %why, "outbox drain stopped");
+            self.conditions.failing_at(
+                Component::ProducerOutbox,
+                &self.name,
+                &why,
+                self.services.clock.now(),
+            );
+            pause(&mut shutdown, backoff.next_pause()).await;
+            if *shutdown.borrow() {
+                return;
+            }
+        }
+    }
+
     /// Connect, check the table's contract, and listen: the connection's task turns
     /// each notification into a wake-up.
     async fn connect(
@@ -174,10 +226,10 @@ impl Drain {
         tls: &MakeRustlsConnect,
         wake: Arc<Notify>,
     ) -> Result<Client, DrainError> {
-        let mut config = self.config.clone();
-        config.connect_timeout(CONNECT_TIMEOUT);
-        config.application_name("entrega-outbox-drain");
-        let (client, mut connection) = config.connect(tls.clone()).await?;
+        let (client, mut connection) =
+            super::connect(&self.config, tls.clone(), "entrega-outbox-drain")
+                .await
+                .map_err(DrainError::Connect)?;
         tokio::spawn(async move {
             let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {
@@ -186,8 +238,15 @@ impl Drain {
                 }
             }
         });
-        schema::check(&client).await.map_err(DrainError::Contract)?;
-        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        let ready = async {
+            schema::check(&client).await.map_err(DrainError::Contract)?;
+            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            Ok::<_, DrainError>(())
+        };
+        match tokio::time::timeout(super::CONNECT_TIMEOUT, ready).await {
+            Ok(ready) => ready?,
+            Err(_) => return Err(DrainError::Timeout(super::CONNECT_TIMEOUT)),
+        }
         Ok(client)
     }
 
@@ -210,9 +269,10 @@ impl Drain {
         let tx = client.transaction().await?;
         // Lock the batch and learn its sizes first; then fetch payloads only up to
         // BATCH_BYTES, and never one over MAX_PAYLOAD_BYTES (it is only quarantined).
+        // Read as text, so a `uuid` or `varchar` id or type drains as well.
         let locked = tx
             .query(
-                "SELECT id, tenant_id, type, octet_length(payload::text)
+                "SELECT id::text, tenant_id::text, type::text, octet_length(payload::text)
                    FROM entrega_outbox
                   WHERE NOT (tenant_id = ANY($2))
                   ORDER BY created_at, id
@@ -226,37 +286,46 @@ impl Drain {
         }
         let mut budget = BATCH_BYTES;
         let mut rows = Vec::new();
-        let mut wanted: Vec<String> = Vec::new();
+        let mut wanted: Vec<RowKey> = Vec::new();
         for r in &locked {
-            let size = i64::from(r.get::<_, i32>(3));
+            let size = i64::from(r.try_get::<_, i32>(3)?);
             let fetched = size <= MAX_PAYLOAD_BYTES as i64;
             if fetched && size > budget && !rows.is_empty() {
                 break;
             }
-            let id: String = r.get(0);
+            let row = OutboxRow {
+                id: r.try_get(0)?,
+                tenant_id: r.try_get(1)?,
+                event_type: r.try_get(2)?,
+                payload: None,
+            };
             if fetched {
                 budget -= size;
-                wanted.push(id.clone());
+                wanted.push(RowKey::of(&row));
             }
-            rows.push(OutboxRow {
-                id,
-                tenant_id: r.get(1),
-                event_type: r.get(2),
-                payload: None,
-            });
+            rows.push(row);
         }
         let deferred = locked.len() - rows.len();
-        let mut payloads: HashMap<String, String> = tx
+        let (tenants, ids) = key_columns(wanted.iter());
+        let mut payloads: HashMap<RowKey, String> = HashMap::new();
+        for r in tx
             .query(
-                "SELECT id, payload::text FROM entrega_outbox WHERE id = ANY($1)",
-                &[&wanted],
+                "SELECT o.tenant_id::text, o.id::text, o.payload::text
+                   FROM entrega_outbox o
+                   JOIN unnest($1::text[], $2::text[]) AS w(tenant_id, id)
+                     ON o.tenant_id::text = w.tenant_id AND o.id::text = w.id",
+                &[&tenants, &ids],
             )
             .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
+        {
+            let key = RowKey {
+                tenant_id: r.try_get(0)?,
+                id: r.try_get(1)?,
+            };
+            payloads.insert(key, r.try_get(2)?);
+        }
         for row in &mut rows {
-            row.payload = payloads.remove(&row.id);
+            row.payload = payloads.remove(&RowKey::of(row));
         }
         let Screened {
             events,
@@ -265,30 +334,38 @@ impl Drain {
         } = self.screen(&rows, full).await?;
         let created = self.publish_all(&events, &mut bad).await?;
 
-        let ids: Vec<&str> = rows
+        let done: Vec<RowKey> = rows
             .iter()
-            .map(|r| r.id.as_str())
-            .filter(|id| !held.contains(*id))
+            .map(RowKey::of)
+            .filter(|key| !held.contains(key))
             .collect();
         if !bad.is_empty() {
-            let (bad_ids, reasons): (Vec<&str>, Vec<&str>) =
-                bad.iter().map(|(id, r)| (id.as_str(), r.as_str())).unzip();
+            let (tenants, ids) = key_columns(bad.iter().map(|(key, _)| key));
+            let reasons: Vec<&str> = bad.iter().map(|(_, r)| r.as_str()).collect();
             tx.execute(
                 "INSERT INTO entrega_outbox_quarantine
                         (id, tenant_id, type, payload, created_at, reason)
-                 SELECT o.id, o.tenant_id, o.type, o.payload, o.created_at, q.reason
+                 SELECT o.id::text, o.tenant_id::text, o.type::text, o.payload, o.created_at,
+                        q.reason
                    FROM entrega_outbox o
-                   JOIN unnest($1::text[], $2::text[]) AS q(id, reason) ON o.id = q.id",
-                &[&bad_ids, &reasons],
+                   JOIN unnest($1::text[], $2::text[], $3::text[]) AS q(tenant_id, id, reason)
+                     ON o.tenant_id::text = q.tenant_id AND o.id::text = q.id",
+                &[&tenants, &ids, &reasons],
             )
             .await?;
         }
-        tx.execute("DELETE FROM entrega_outbox WHERE id = ANY($1)", &[&ids])
-            .await?;
+        let (tenants, ids) = key_columns(done.iter());
+        tx.execute(
+            "DELETE FROM entrega_outbox o
+              USING unnest($1::text[], $2::text[]) AS d(tenant_id, id)
+              WHERE o.tenant_id::text = d.tenant_id AND o.id::text = d.id",
+            &[&tenants, &ids],
+        )
+        .await?;
         tx.commit().await?;
 
         let drained = Drained {
-            events: ids.len() - bad.len(),
+            events: done.len() - bad.len(),
             quarantined: bad.len(),
             held: held.len(),
             deferred,
@@ -296,8 +373,8 @@ impl Drain {
         self.services
             .metrics
             .producer_outbox_drained(drained.events as u64);
-        for (id, reason) in &bad {
-            tracing::warn!(row_id = %id, reason = reason.as_str(), "outbox row quarantined");
+        for (key, reason) in &bad {
+            tracing::warn!(row_id = %key.id, tenant_id = %key.tenant_id, reason = reason.as_str(), "outbox row quarantined");
             self.services.metrics.producer_outbox_quarantined(*reason);
         }
         self.fan_out(created, room).await;
@@ -336,7 +413,7 @@ impl Drain {
             let event = match event_of_row(row, now) {
                 Ok(event) => event,
                 Err(reason) => {
-                    screened.bad.push((row.id.clone(), reason));
+                    screened.bad.push((RowKey::of(row), reason));
                     continue;
                 }
             };
@@ -351,14 +428,14 @@ impl Drain {
             match owners.get_mut(&event.tenant_id).expect("inserted above") {
                 Owner::Unknown => screened
                     .bad
-                    .push((row.id.clone(), QuarantineReason::UnknownTenant)),
+                    .push((RowKey::of(row), QuarantineReason::UnknownTenant)),
                 Owner::Room(0) => {
                     full.insert(event.tenant_id.clone());
-                    screened.held.insert(row.id.clone());
+                    screened.held.insert(RowKey::of(row));
                 }
                 Owner::Room(room) => {
                     *room -= 1;
-                    screened.events.push(event);
+                    screened.events.push((RowKey::of(row), event));
                 }
             }
         }
@@ -372,18 +449,18 @@ impl Drain {
     /// duplicates). Returns the events this call created.
     async fn publish_all(
         &self,
-        events: &[Event],
-        bad: &mut Vec<(String, QuarantineReason)>,
+        events: &[(RowKey, Event)],
+        bad: &mut Vec<(RowKey, QuarantineReason)>,
     ) -> Result<Vec<Event>, StoreError> {
         let store = &self.services.store;
-        let results = join_all(events.iter().map(|e| store.publish(e))).await;
+        let results = join_all(events.iter().map(|(_, e)| store.publish(e))).await;
         let mut created = Vec::new();
-        for (event, result) in events.iter().zip(results) {
+        for ((key, event), result) in events.iter().zip(results) {
             match result? {
                 Published::Created => created.push(event.clone()),
                 Published::Existing(stored) if stored.same_as(event) => {}
                 Published::Existing(_) => {
-                    bad.push((event.id.to_string(), QuarantineReason::IdReused));
+                    bad.push((key.clone(), QuarantineReason::IdReused));
                 }
             }
         }

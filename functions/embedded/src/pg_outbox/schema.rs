@@ -12,11 +12,18 @@
 //! )
 //! ```
 //!
-//! The same fields as the DynamoDB outbox item. `entrega_outbox_quarantine` holds the
-//! rows that can never become events, with the reason; an `AFTER INSERT` trigger
-//! notifies channel [`CHANNEL`] so a drain wakes at the producer's commit.
+//! The same fields as the DynamoDB outbox item. An id is unique in the table, across
+//! tenants (the design's contract, which producers' `ON CONFLICT (id)` relies on); a
+//! table keyed by (`tenant_id`, `id`) instead, where two tenants' rows may share an
+//! id as their events may in the API, drains as well: a drain names a row by the
+//! pair. A drain reads `id`, `tenant_id` and `type` as text, so a `uuid` or `varchar`
+//! column serves too; `payload` must be `jsonb`, which refuses what is not JSON.
+//!
+//! `entrega_outbox_quarantine` holds the rows that can never become events, with the
+//! reason; an `AFTER INSERT` trigger notifies channel [`CHANNEL`] so a drain wakes at
+//! the producer's commit.
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 /// What `COMMENT ON TABLE entrega_outbox` says; a drain refuses any other table.
 pub const CONTRACT_VERSION: &str = "entrega outbox v1";
@@ -54,31 +61,75 @@ COMMENT ON TABLE entrega_outbox IS 'entrega outbox v1';
 /// Create the tables and the trigger (idempotent). With `grant_to`, give that role
 /// what a drain needs and nothing more: read, lock and delete outbox rows, add
 /// quarantined ones. Locking (`FOR UPDATE`) needs the UPDATE privilege on one column;
-/// it is granted on `created_at` alone, which the drain never writes.
-pub async fn init(
-    client: &mut Client,
-    grant_to: Option<&str>,
-) -> Result<(), tokio_postgres::Error> {
-    let tx = client.transaction().await?;
+/// it is granted on `created_at` alone, which the drain never writes. A table already
+/// there that a drain could not read (see [`check`]) is refused, and nothing changed.
+pub async fn init(client: &mut Client, grant_to: Option<&str>) -> Result<(), String> {
+    let failed = |e: tokio_postgres::Error| super::error_text(&e);
+    let tx = client.transaction().await.map_err(failed)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INIT_LOCK])
-        .await?;
-    tx.batch_execute(CREATE).await?;
+        .await
+        .map_err(failed)?;
+    tx.batch_execute(CREATE).await.map_err(failed)?;
+    check(&tx).await?;
     if let Some(role) = grant_to {
         let quoted: String = tx
             .query_one("SELECT quote_ident($1)", &[&role])
-            .await?
+            .await
+            .map_err(failed)?
             .get(0);
         tx.batch_execute(&format!(
             "GRANT SELECT, DELETE, UPDATE (created_at) ON entrega_outbox TO {quoted};
              GRANT INSERT ON entrega_outbox_quarantine TO {quoted};"
         ))
-        .await?;
+        .await
+        .map_err(failed)?;
     }
-    tx.commit().await
+    tx.commit().await.map_err(failed)
 }
 
-/// Whether the outbox table is there and of this contract version.
-pub async fn check(client: &Client) -> Result<(), String> {
+/// The columns a drain reads, and the types it needs where it needs one: the rest it
+/// reads as text.
+const COLUMNS: [(&str, Option<&str>); 5] = [
+    ("id", None),
+    ("tenant_id", None),
+    ("type", None),
+    ("payload", Some("jsonb")),
+    ("created_at", None),
+];
+
+/// Whether the table has the contract's columns: a drain that met a column it could
+/// not read stopped (a `uuid` id), or sent what the API refuses (a `text` or `json`
+/// payload: not JSON, or duplicate keys).
+async fn check_columns(client: &impl GenericClient) -> Result<(), String> {
+    let rows = client
+        .query(
+            "SELECT attname::text, format_type(atttypid, atttypmod)
+               FROM pg_attribute
+              WHERE attrelid = to_regclass('entrega_outbox') AND attnum > 0
+                AND NOT attisdropped",
+            &[],
+        )
+        .await
+        .map_err(|e| super::error_text(&e))?;
+    let types: std::collections::HashMap<String, String> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    for (column, wanted) in COLUMNS {
+        match (types.get(column), wanted) {
+            (None, _) => return Err(format!("entrega_outbox has no column `{column}`")),
+            (Some(found), Some(wanted)) if found != wanted => {
+                return Err(format!(
+                    "entrega_outbox.{column} is `{found}`, the contract says `{wanted}`"
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether the outbox table is there, of this contract version, and has the columns a
+/// drain reads.
+pub async fn check(client: &impl GenericClient) -> Result<(), String> {
     let row = client
         .query_one(
             "SELECT obj_description(to_regclass('entrega_outbox'), 'pg_class')",
@@ -87,7 +138,7 @@ pub async fn check(client: &Client) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     match row.get::<_, Option<String>>(0) {
-        Some(v) if v == CONTRACT_VERSION => Ok(()),
+        Some(v) if v == CONTRACT_VERSION => check_columns(client).await,
         Some(v) => Err(format!(
             "entrega_outbox is `{v}`, this entrega drains `{CONTRACT_VERSION}`"
         )),

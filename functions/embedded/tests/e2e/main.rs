@@ -22,6 +22,7 @@ mod openapi;
 mod operations;
 mod pg_outbox;
 mod pg_outbox_connection;
+mod pg_outbox_contract;
 mod readme;
 mod retries;
 mod ssrf;

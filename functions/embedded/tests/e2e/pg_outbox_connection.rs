@@ -73,3 +73,61 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
         assert!(said.contains(flag) && !said.contains("hunter2"), "{said}");
     }
 }
+
+/// A server that accepts and never answers (a hung proxy, a paused host) is reported
+/// once connecting has taken too long, by the drain and by `outbox init` alike: the
+/// driver's own timeout covered only the TCP connect, and the drain waited for good
+/// with `/healthz` saying all was well.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_never_answers_is_reported() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        // Accept and hold every connection, answering nothing.
+        let held: Vec<_> = silent.incoming().take(8).collect();
+        std::thread::sleep(Duration::from_secs(120));
+        drop(held);
+    });
+    let url = format!("postgres://{DRAIN_ROLE}@127.0.0.1:{port}/crm");
+    let dir = TempDir::new("pg-silent");
+    let server = Server::start_loopback(&dir, &["--outbox", &url]);
+    let health = eventually(Duration::from_secs(30), "a degraded /healthz", || async {
+        let resp = reqwest::get(format!("{}/healthz", server.base))
+            .await
+            .unwrap();
+        (resp.status() == 503).then_some(resp.text().await.unwrap())
+    })
+    .await;
+    assert!(health.contains("no answer"), "{health}");
+
+    let out = Command::new(entrega_bin())
+        .args(["outbox", "init", "--postgres", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("no answer"),
+        "{said}"
+    );
+    drop(held);
+}
+
+/// Two outboxes in one database (two roles here) keep a health record each: one that
+/// drains does not clear the other's failure, so `/healthz` stays degraded.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_outboxes_of_one_database_are_reported_apart() {
+    let (pg, _db) = producer_database().await;
+    let good = pg.url_as(DRAIN_ROLE);
+    let no_such_role = pg.url_as("nobody_here");
+    let dir = TempDir::new("pg-apart");
+    let server = Server::start_loopback(&dir, &["--outbox", &good, "--outbox", &no_such_role]);
+    let health = degraded_health(&server).await;
+    assert!(health.contains("#2"), "{health}");
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let resp = reqwest::get(format!("{}/healthz", server.base))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503, "the failing outbox stays reported");
+    }
+}

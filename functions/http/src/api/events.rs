@@ -15,10 +15,10 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::Caller;
 use super::extract::{JsonBody, QueryMap};
 use super::problem::{ApiError, ApiResult};
-use super::raw_json::raw_json_problem;
 use super::schemas::ProblemResponses;
 use super::views::{Accepted, EventView};
 use super::AppState;
+use entrega_core::raw_json::raw_json_problem;
 
 /// An event to deliver to the tenant's subscribed endpoints.
 #[derive(Deserialize, ToSchema)]

@@ -7,7 +7,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::problem::ApiError;
-use super::raw_json;
+use entrega_core::raw_json;
 
 /// Largest request body: the event payload limit plus room for the envelope.
 pub const MAX_BODY_BYTES: usize = entrega_core::event::MAX_PAYLOAD_BYTES + 4 * 1024;

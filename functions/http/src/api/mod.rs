@@ -13,7 +13,6 @@ pub mod openapi;
 pub mod problem;
 mod query_params;
 pub mod rate_limit;
-pub mod raw_json;
 pub mod resend;
 pub mod schemas;
 pub mod stats;

@@ -1,6 +1,7 @@
-//! What a body field kept as its text (an event's `data`, forwarded as written) may
-//! hold that parsing the body does not refuse: the parse skips over such a field
-//! without decoding it, so its strings' escapes and its nesting are checked here.
+//! What an event's payload, forwarded as written, may hold that a JSON parser does not
+//! refuse: the API's parse skips over `data` without decoding it, and a producer's
+//! outbox row is JSON already, so their strings' escapes and their nesting are
+//! checked here, by the same rules for both.
 
 /// Deepest nesting of arrays and objects a raw field may have: what parsing the body
 /// as a value allowed before (serde_json's limit of 128, less the body's own object
