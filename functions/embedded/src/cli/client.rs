@@ -14,20 +14,46 @@ impl std::fmt::Display for CliError {
 
 impl std::error::Error for CliError {}
 
+/// How long the CLI waits to connect to the API.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The most of an answer's body an error message quotes.
+const QUOTED_BODY: usize = 300;
+
 /// Where the API is and who is calling.
 pub struct Client {
     base: String,
+    /// `base` as messages show it: without the user and password a URL may carry.
+    shown: String,
     key: String,
+    /// How long one answer may take (`--timeout`): a server that accepts and never
+    /// answers (a hung proxy) held the CLI for good.
+    timeout: std::time::Duration,
     http: reqwest::Client,
 }
 
 impl Client {
-    pub fn new(base: &str, key: &str) -> Self {
-        Self {
-            base: base.trim_end_matches('/').to_owned(),
-            key: key.to_owned(),
-            http: reqwest::Client::new(),
+    pub fn new(base: &str, key: &str, timeout: std::time::Duration) -> Result<Self, CliError> {
+        let base = base.trim_end_matches('/').to_owned();
+        let shown = without_credentials(&base);
+        if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
+            return Err(CliError(
+                "the API key holds characters a request header cannot carry (a line break, \
+                 a control character): check --api-key or ENTREGA_API_KEY"
+                    .into(),
+            ));
         }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(timeout))
+            .timeout(timeout)
+            .build()
+            .map_err(|e| CliError(format!("cannot make an HTTP client: {e}")))?;
+        Ok(Self {
+            base,
+            shown,
+            key: key.to_owned(),
+            timeout,
+            http,
+        })
     }
 
     /// Send a request; a problem+json answer becomes "title: detail".
@@ -44,27 +70,48 @@ impl Client {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| CliError(format!("cannot reach {}: {e}", self.base)))?;
+        let (shown, timeout) = (&self.shown, self.timeout);
+        let unreached = |e: reqwest::Error| {
+            let why = if e.is_timeout() {
+                format!("no answer within {timeout:?} (--timeout)")
+            } else {
+                // Without the URL reqwest puts in its message, which may hold a password.
+                e.without_url().to_string()
+            };
+            CliError(format!("cannot reach {shown}: {why}"))
+        };
+        let response = request.send().await.map_err(unreached)?;
         let status = response.status();
-        let text = response.text().await.unwrap_or_default();
+        let text = response.text().await.map_err(unreached)?;
         let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if status.is_success() {
+            // Every answer of the API is a JSON object: anything else (a web page, a
+            // proxy's error) is another server, not an empty result.
+            if !json.is_object() {
+                return Err(CliError(format!(
+                    "{shown} answered {} with {}, not as Entrega's API does (check --url or \
+                     ENTREGA_URL)",
+                    status.as_u16(),
+                    quoted(&text)
+                )));
+            }
             return Ok(json);
         }
         let title = json["title"]
             .as_str()
             .unwrap_or(status.canonical_reason().unwrap_or("error"));
-        let detail = json["detail"].as_str().unwrap_or(text.as_str());
+        let detail = match json["detail"].as_str() {
+            Some(detail) => shown_text(detail),
+            None => quoted(&text),
+        };
         let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
             " (check --api-key or ENTREGA_API_KEY)"
         } else {
             ""
         };
         Err(CliError(format!(
-            "{title} ({}): {detail}{hint}",
+            "{} ({}): {detail}{hint}",
+            shown_text(title),
             status.as_u16()
         )))
     }
@@ -76,6 +123,35 @@ impl Client {
     pub async fn post(&self, path: &str, body: Value) -> Result<Value, CliError> {
         self.call(reqwest::Method::POST, path, Some(body)).await
     }
+}
+
+/// `url` without its user and password, for messages.
+fn without_credentials(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() || !parsed.username().is_empty() => {
+            let _ = parsed.set_password(None);
+            let _ = parsed.set_username("");
+            parsed.to_string().trim_end_matches('/').to_owned()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Text from the other side, as a message shows it: control characters escaped (see
+/// [`cell`]).
+fn shown_text(text: &str) -> String {
+    cell(&Value::String(text.to_owned()))
+}
+
+/// An answer's body in a message: its start (a web page can be long), escaped, or
+/// "an empty body".
+fn quoted(body: &str) -> String {
+    if body.trim().is_empty() {
+        return "an empty body".into();
+    }
+    let start: String = body.chars().take(QUOTED_BODY).collect();
+    let more = if start.len() < body.len() { "…" } else { "" };
+    format!("`{}{more}`", shown_text(&start))
 }
 
 /// `?a=1&b=2` from the parameters that are set.
@@ -168,5 +244,20 @@ mod tests {
             table(&["ID", "S"], &[vec!["abc".into(), "ok".into()]]),
             "ID   S\nabc  ok"
         );
+    }
+
+    #[test]
+    fn messages_show_no_password_and_no_control_character() {
+        assert_eq!(
+            without_credentials("http://user:s3cret@127.0.0.1:1/api"),
+            "http://127.0.0.1:1/api"
+        );
+        assert_eq!(
+            without_credentials("http://127.0.0.1:1"),
+            "http://127.0.0.1:1"
+        );
+        assert_eq!(quoted("\u{1b}[2Jgone"), "`\\u{1b}[2Jgone`");
+        assert_eq!(quoted(" "), "an empty body");
+        assert_eq!(quoted(&"x".repeat(1000)).chars().count(), QUOTED_BODY + 3);
     }
 }

@@ -37,6 +37,10 @@ pub struct ApiArgs {
     /// Human tables, or JSON for scripts.
     #[arg(long, value_enum, default_value = "table", global = true)]
     pub output: Output,
+    /// Seconds to wait for an answer before giving up (a server that accepts and
+    /// never answers would hold the command for good).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), global = true)]
+    pub timeout: u64,
 }
 
 /// The paging flags of every list.
@@ -178,7 +182,7 @@ fn client(args: &ApiArgs) -> Result<Client, CliError> {
         .api_key
         .as_deref()
         .ok_or_else(|| CliError("an API key is needed: --api-key or ENTREGA_API_KEY".into()))?;
-    Ok(Client::new(&args.url, key))
+    Client::new(&args.url, key, std::time::Duration::from_secs(args.timeout))
 }
 
 fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {

@@ -301,3 +301,78 @@ async fn an_unreadable_rust_log_is_reported() {
         "{log}"
     );
 }
+
+/// `entrega args…` against `url`, with `key`; given up on after 30 s.
+fn entrega_against(url: &str, key: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(entrega_bin());
+    command
+        .args(args)
+        .args(["--url", url])
+        .env("ENTREGA_API_KEY", key);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(command.output().unwrap()));
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the CLI gives up on its own")
+}
+
+/// A loopback server that answers every request with `reply` (or, if `None`, accepts
+/// and never answers).
+fn other_server(reply: Option<&'static str>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut stream in listener.incoming().flatten() {
+            if let Some(reply) = reply {
+                let _ = stream.read(&mut [0; 4096]);
+                let _ = stream.write_all(reply.as_bytes());
+            } else {
+                held.push(stream);
+            }
+        }
+    });
+    url
+}
+
+/// The CLI pointed at something that is not Entrega's API: it says so and fails,
+/// never hangs, never prints a web page as an empty result, and never echoes a
+/// password from the URL or a control character from the answer.
+#[test]
+fn the_cli_says_when_the_server_is_not_entregas() {
+    let silent = other_server(None);
+    let out = entrega_against(&silent, "k", &["deliveries", "list", "--timeout", "2"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("no answer within 2s"),
+        "{said}"
+    );
+
+    let page = other_server(Some(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 30\r\n\r\n<html>\u{1b}[2J a login page</html>",
+    ));
+    for output in ["table", "json"] {
+        let out = entrega_against(&page, "k", &["deliveries", "list", "--output", output]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{output}: {out:?}");
+        assert!(said.contains("not as Entrega's API does"), "{said}");
+        assert!(
+            !said.contains('\u{1b}'),
+            "no control character reaches the terminal"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{output}: nothing printed as a result"
+        );
+    }
+
+    let with_password = page.replace("http://", "http://ops:hunter2@");
+    let out = entrega_against(&with_password, "k", &["deliveries", "list"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !said.contains("hunter2"), "{said}");
+
+    let out = entrega_against(&page, "key\nwith a line break", &["deliveries", "list"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("API key"), "{said}");
+}
