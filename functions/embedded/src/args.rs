@@ -120,8 +120,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "ENTREGA_MAX_CONNECTIONS", default_value_t = entrega_embedded::http_server::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_connections: u64,
     /// Drain a producer's transactional outbox in its own PostgreSQL, e.g.
-    /// `postgres://entrega@db.internal/crm` (see `entrega outbox init`). Repeatable;
-    /// the same URL twice runs two drains of one table.
+    /// `postgres://entrega@db.internal/crm` (see `entrega outbox init`). Repeatable
+    /// (in the variable, URLs separated by spaces); the same URL twice runs two
+    /// drains of one table.
     #[arg(
         long = "outbox",
         env = "ENTREGA_OUTBOX_URL",
@@ -136,10 +137,16 @@ pub(crate) struct ServeArgs {
 
 /// A PostgreSQL URL given to `flag`. Parsed here rather than by clap, whose error
 /// would echo the value, and the value may hold a password.
+/// A PostgreSQL URL. Only the URL form: the driver also takes `host=… port=…`, but
+/// `ENTREGA_OUTBOX_URL` holds URLs separated by spaces, so such a string became
+/// several drains, each of one setting, each failing.
 pub(crate) fn postgres_url(flag: &str, s: &str) -> Result<tokio_postgres::Config, String> {
-    s.parse().map_err(|e| {
-        format!("{flag}: not a PostgreSQL URL (postgres://user@host:port/database): {e}")
-    })
+    const FORM: &str = "postgres://user@host:port/database";
+    if !(s.starts_with("postgres://") || s.starts_with("postgresql://")) {
+        return Err(format!("{flag}: not a PostgreSQL URL ({FORM})"));
+    }
+    s.parse()
+        .map_err(|e| format!("{flag}: not a PostgreSQL URL ({FORM}): {e}"))
 }
 
 #[derive(clap::Args)]

@@ -57,20 +57,29 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
     let log = std::fs::read_to_string(&server.log).unwrap();
     assert!(!log.contains("hunter2"), "no password in the log");
 
-    // A URL that does not parse is refused without being echoed.
-    for (flag, command) in [("--outbox", "serve"), ("--postgres", "outbox")] {
-        let mut args = vec![command];
-        if command == "outbox" {
-            args.push("init");
+    // A URL that does not parse is refused without being echoed; so is the driver's
+    // `key=value` form, which the variable's spaces would cut into several drains.
+    for bad in [
+        "postgres://u:hunter2@127.0.0.1:notaport/db",
+        "host=127.0.0.1 password=hunter2 dbname=crm",
+    ] {
+        for (flag, command) in [("--outbox", "serve"), ("--postgres", "outbox")] {
+            let mut args = vec![command];
+            if command == "outbox" {
+                args.push("init");
+            }
+            let out = Command::new(entrega_bin())
+                .args(&args)
+                .args([flag, bad])
+                .output()
+                .unwrap();
+            assert!(!out.status.success());
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                said.contains(flag) && !said.contains("hunter2"),
+                "{bad}: {said}"
+            );
         }
-        let out = Command::new(entrega_bin())
-            .args(&args)
-            .args([flag, "postgres://u:hunter2@127.0.0.1:notaport/db"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(said.contains(flag) && !said.contains("hunter2"), "{said}");
     }
 }
 
