@@ -75,8 +75,16 @@ impl Client {
             let why = if e.is_timeout() {
                 format!("no answer within {timeout:?} (--timeout)")
             } else {
-                // Without the URL reqwest puts in its message, which may hold a password.
-                e.without_url().to_string()
+                // Without the URL reqwest puts in its message, which may hold a password;
+                // with the causes it leaves out ("connection refused").
+                let e = e.without_url();
+                let mut why = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    why = format!("{why}: {c}");
+                    cause = c.source();
+                }
+                why
             };
             CliError(format!("cannot reach {shown}: {why}"))
         };

@@ -367,10 +367,20 @@ fn the_cli_says_when_the_server_is_not_entregas() {
         );
     }
 
-    let with_password = page.replace("http://", "http://ops:hunter2@");
-    let out = entrega_against(&with_password, "k", &["deliveries", "list"]);
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && !said.contains("hunter2"), "{said}");
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    for url in [&page, &closed] {
+        let with_password = url.replace("http://", "http://ops:hunter2@");
+        let out = entrega_against(&with_password, "k", &["deliveries", "list"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !said.contains("hunter2"), "{said}");
+    }
+    let said =
+        String::from_utf8_lossy(&entrega_against(&closed, "k", &["deliveries", "list"]).stderr)
+            .into_owned();
+    assert!(
+        said.contains("Connection refused"),
+        "the cause is named: {said}"
+    );
 
     let out = entrega_against(&page, "key\nwith a line break", &["deliveries", "list"]);
     let said = String::from_utf8_lossy(&out.stderr);
