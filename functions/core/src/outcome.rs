@@ -37,6 +37,21 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind (for what is kept per kind, such as a metric's series).
+    pub const ALL: [Self; 11] = [
+        Self::Timeout,
+        Self::ConnectionRefused,
+        Self::Dns,
+        Self::Tls,
+        Self::Transport,
+        Self::Redirect,
+        Self::ClientError,
+        Self::ServerError,
+        Self::UnexpectedStatus,
+        Self::TargetRefused,
+        Self::Interrupted,
+    ];
+
     /// The kind a final HTTP status means, or `None` for success.
     pub fn from_status(status: u16) -> Option<Self> {
         match status {

@@ -35,6 +35,8 @@ pub trait Metrics: Send + Sync {
     fn producer_outbox_drained(&self, _count: u64) {}
     /// A producer's outbox row was moved to quarantine.
     fn producer_outbox_quarantined(&self, _reason: crate::producer_outbox::QuarantineReason) {}
+    /// The endpoint was deleted: what is kept per endpoint goes with it.
+    fn endpoint_deleted(&self, _tenant: &TenantId, _endpoint: &crate::ids::EndpointId) {}
 }
 
 /// Metrics that go nowhere (tools that run handlers outside a runtime).

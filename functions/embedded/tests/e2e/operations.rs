@@ -262,3 +262,35 @@ async fn metrics_show_the_worker_slots_in_use() {
     })
     .await;
 }
+
+/// A deleted endpoint's series leave `/metrics` with it: a tenant that created, used
+/// and deleted endpoints in a loop grew every scrape without bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_endpoints_metrics_go_with_it() {
+    let dir = TempDir::new("metrics-deleted");
+    let server = Server::start(&dir);
+    let (_, tenant) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        let endpoint = tenant.endpoint(json!({"url": receiver.url("/")})).await;
+        let id = endpoint["id"].as_str().unwrap().to_owned();
+        tenant
+            .publish("metrics.test", json!({"round": round}))
+            .await;
+        eventually(Duration::from_secs(10), "the attempt counted", || async {
+            let (_, metrics) = server.metrics(ADMIN_KEY).await;
+            metrics.contains(&id).then_some(())
+        })
+        .await;
+        let (status, _) = tenant
+            .call("DELETE", &format!("/v1/endpoints/{id}"), None)
+            .await;
+        assert_eq!(status, 204);
+        ids.push(id);
+    }
+    let (_, metrics) = server.metrics(ADMIN_KEY).await;
+    for id in &ids {
+        assert!(!metrics.contains(id.as_str()), "{id} still in {metrics}");
+    }
+}

@@ -390,6 +390,10 @@ pub(super) async fn delete_endpoint(
 ) -> ApiResult<StatusCode> {
     let endpoint = load_endpoint(&state, &caller, &id).await?;
     state.services.store.delete_endpoint(&endpoint.id).await?;
+    state
+        .services
+        .metrics
+        .endpoint_deleted(&endpoint.tenant_id, &endpoint.id);
     // Its paused deliveries would wait for an enable that cannot come: the task ends
     // them in the background (after the delete, so it finds the endpoint gone).
     start_resume(&state.services, &endpoint).await?;
