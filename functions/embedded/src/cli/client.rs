@@ -18,6 +18,10 @@ impl std::error::Error for CliError {}
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The most of an answer's body an error message quotes.
 const QUOTED_BODY: usize = 300;
+/// The largest answer the CLI reads: the API's largest (a page of 200 deliveries, a
+/// failure with its 256 KiB payload) is far below it, and a server that streamed
+/// without end grew the CLI's memory by hundreds of MB a second.
+const LARGEST_ANSWER: usize = 32 * 1024 * 1024;
 
 /// Where the API is and who is calling.
 pub struct Client {
@@ -34,6 +38,17 @@ pub struct Client {
 impl Client {
     pub fn new(base: &str, key: &str, timeout: std::time::Duration) -> Result<Self, CliError> {
         let base = base.trim_end_matches('/').to_owned();
+        // Not echoed: a URL that does not parse may still hold a password.
+        match reqwest::Url::parse(&base) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            _ => {
+                return Err(CliError(
+                    "--url (or ENTREGA_URL) is not an http:// or https:// URL, e.g. \
+                     http://127.0.0.1:8787"
+                        .into(),
+                ))
+            }
+        }
         let shown = without_credentials(&base);
         if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
             return Err(CliError(
@@ -45,6 +60,9 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT.min(timeout))
             .timeout(timeout)
+            // The API never redirects: a redirect is another server (a login page),
+            // and following it would send a resend's request there.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| CliError(format!("cannot make an HTTP client: {e}")))?;
         Ok(Self {
@@ -88,9 +106,20 @@ impl Client {
             };
             CliError(format!("cannot reach {shown}: {why}"))
         };
-        let response = request.send().await.map_err(unreached)?;
+        let mut response = request.send().await.map_err(unreached)?;
         let status = response.status();
-        let text = response.text().await.map_err(unreached)?;
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreached)? {
+            if body.len() + chunk.len() > LARGEST_ANSWER {
+                return Err(CliError(format!(
+                    "{shown} answered with more than {} MiB, not as Entrega's API does \
+                     (check --url or ENTREGA_URL)",
+                    LARGEST_ANSWER / (1024 * 1024)
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
         let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if status.is_success() {
             // Every answer of the API is a JSON object: anything else (a web page, a

@@ -385,4 +385,45 @@ fn the_cli_says_when_the_server_is_not_entregas() {
     let out = entrega_against(&page, "key\nwith a line break", &["deliveries", "list"]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("API key"), "{said}");
+
+    // A URL that does not parse is not echoed either: it may hold a password.
+    let out = entrega_against(
+        "http://ops:hunter2@127.0.0.1:99999",
+        "k",
+        &["deliveries", "list"],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !said.contains("hunter2"), "{said}");
+
+    // A redirect is another server: not followed (a resend would be sent there).
+    let redirect = other_server(Some(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:1/\r\ncontent-length: 0\r\n\r\n",
+    ));
+    let out = entrega_against(&redirect, "k", &["deliveries", "list"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("307"), "{said}");
+    assert!(out.stdout.is_empty());
+}
+
+/// An answer without end is cut off at the CLI's limit, not read into memory until
+/// `--timeout` (it grew by hundreds of MB a second).
+#[test]
+fn the_cli_reads_no_answer_past_its_limit() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.read(&mut [0; 4096]);
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+            let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "[".repeat(1 << 20));
+            while stream.write_all(chunk.as_bytes()).is_ok() {}
+        }
+    });
+    let out = entrega_against(&url, "k", &["deliveries", "list", "--timeout", "20"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("more than 32 MiB"),
+        "{said}"
+    );
 }
