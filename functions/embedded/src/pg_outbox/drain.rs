@@ -274,7 +274,7 @@ impl Drain {
             .query(
                 "SELECT id::text, tenant_id::text, type::text, octet_length(payload::text)
                    FROM entrega_outbox
-                  WHERE NOT (tenant_id = ANY($2))
+                  WHERE NOT (tenant_id::text = ANY($2::text[]))
                   ORDER BY created_at, id
                   LIMIT $1
                     FOR UPDATE SKIP LOCKED",

@@ -87,41 +87,69 @@ pub async fn init(client: &mut Client, grant_to: Option<&str>) -> Result<(), Str
     tx.commit().await.map_err(failed)
 }
 
-/// The columns a drain reads, and the types it needs where it needs one: the rest it
-/// reads as text.
-const COLUMNS: [(&str, Option<&str>); 5] = [
-    ("id", None),
-    ("tenant_id", None),
-    ("type", None),
-    ("payload", Some("jsonb")),
-    ("created_at", None),
+/// Any type: the drain reads the column as text.
+const ANY: &[&str] = &[];
+const JSONB: &[&str] = &["jsonb"];
+const TEXT: &[&str] = &["text"];
+/// Both kinds of timestamp: a row's `created_at` is copied into quarantine's
+/// `timestamptz` (a `text` or `bigint` one failed that copy, and with it every batch
+/// holding a bad row, for good).
+const TIMESTAMP: &[&str] = &["timestamp with time zone", "timestamp without time zone"];
+
+/// The columns a drain reads, with the types it can take.
+const OUTBOX_COLUMNS: [(&str, &[&str]); 5] = [
+    ("id", ANY),
+    ("tenant_id", ANY),
+    ("type", ANY),
+    ("payload", JSONB),
+    ("created_at", TIMESTAMP),
 ];
 
-/// Whether the table has the contract's columns: a drain that met a column it could
-/// not read stopped (a `uuid` id), or sent what the API refuses (a `text` or `json`
-/// payload: not JSON, or duplicate keys).
-async fn check_columns(client: &impl GenericClient) -> Result<(), String> {
+/// The columns a drain writes in quarantine, as `init` makes them.
+const QUARANTINE_COLUMNS: [(&str, &[&str]); 6] = [
+    ("id", TEXT),
+    ("tenant_id", TEXT),
+    ("type", TEXT),
+    ("payload", JSONB),
+    ("created_at", &["timestamp with time zone"]),
+    ("reason", TEXT),
+];
+
+/// Whether `table` has `columns` of types a drain can read and write: a drain that met
+/// a column it could not read stopped (a `uuid` id), sent what the API refuses (a
+/// `text` or `json` payload: not JSON, or duplicate keys), or failed every batch
+/// with a bad row (a quarantine it could not write).
+async fn check_columns(
+    client: &impl GenericClient,
+    table: &str,
+    columns: &[(&str, &[&str])],
+) -> Result<(), String> {
     let rows = client
         .query(
             "SELECT attname::text, format_type(atttypid, atttypmod)
                FROM pg_attribute
-              WHERE attrelid = to_regclass('entrega_outbox') AND attnum > 0
-                AND NOT attisdropped",
-            &[],
+              WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            &[&table],
         )
         .await
         .map_err(|e| super::error_text(&e))?;
     let types: std::collections::HashMap<String, String> =
         rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    for (column, wanted) in COLUMNS {
-        match (types.get(column), wanted) {
-            (None, _) => return Err(format!("entrega_outbox has no column `{column}`")),
-            (Some(found), Some(wanted)) if found != wanted => {
+    if types.is_empty() {
+        return Err(format!(
+            "no {table} table; create it with `entrega outbox init --postgres URL`"
+        ));
+    }
+    for (column, allowed) in columns {
+        match types.get(*column) {
+            None => return Err(format!("{table} has no column `{column}`")),
+            Some(found) if !allowed.is_empty() && !allowed.contains(&found.as_str()) => {
                 return Err(format!(
-                    "entrega_outbox.{column} is `{found}`, the contract says `{wanted}`"
+                    "{table}.{column} is `{found}`, the contract says `{}`",
+                    allowed.join("` or `")
                 ))
             }
-            _ => {}
+            Some(_) => {}
         }
     }
     Ok(())
@@ -138,7 +166,10 @@ pub async fn check(client: &impl GenericClient) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     match row.get::<_, Option<String>>(0) {
-        Some(v) if v == CONTRACT_VERSION => check_columns(client).await,
+        Some(v) if v == CONTRACT_VERSION => {
+            check_columns(client, "entrega_outbox", &OUTBOX_COLUMNS).await?;
+            check_columns(client, "entrega_outbox_quarantine", &QUARANTINE_COLUMNS).await
+        }
         Some(v) => Err(format!(
             "entrega_outbox is `{v}`, this entrega drains `{CONTRACT_VERSION}`"
         )),

@@ -12,15 +12,15 @@ use serde_json::json;
 use crate::harness::*;
 use crate::pg_outbox::*;
 
-/// A table made by hand to the letter of the old contract, but for `id` (a `uuid`, as
-/// the README allows) and `payload` (`json`).
+/// A table made by hand to the letter of the contract, but for `id` (a `uuid`, as the
+/// README allows), `payload` (`json`) and `created_at` (`text`).
 const HAND_MADE: &str = "
     CREATE TABLE entrega_outbox (
         id         uuid PRIMARY KEY DEFAULT gen_random_uuid(),
         tenant_id  text NOT NULL,
         type       text NOT NULL,
         payload    json NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+        created_at text NOT NULL DEFAULT clock_timestamp()::text
     );
     COMMENT ON TABLE entrega_outbox IS 'entrega outbox v1';";
 
@@ -79,11 +79,28 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     );
     server.stop();
 
-    // Made `jsonb`, `init` takes the table; a `uuid` id drains as text. Keyed by
-    // tenant and id (as the README shows), two tenants' rows may share an id.
+    // Made `jsonb`, the `text` time is refused: a bad row's copy into quarantine
+    // (a `timestamptz`) failed, and with it every batch, for good.
     db.batch_execute("ALTER TABLE entrega_outbox ALTER COLUMN payload TYPE jsonb")
         .await
         .unwrap();
+    let refused = Command::new(entrega_bin()).args(init).output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("created_at"),
+        "{said}"
+    );
+
+    // Made a time, `init` takes the table; a `uuid` id drains as text. Keyed by
+    // tenant and id (as the README shows), two tenants' rows may share an id.
+    db.batch_execute(
+        "ALTER TABLE entrega_outbox
+           ALTER COLUMN created_at DROP DEFAULT,
+           ALTER COLUMN created_at TYPE timestamptz USING created_at::timestamptz,
+           ALTER COLUMN created_at SET DEFAULT clock_timestamp()",
+    )
+    .await
+    .unwrap();
     entrega_succeeds(&init, &[]);
     assert_eq!(primary_key(&db).await, ["id"], "init re-keys nothing");
     db.batch_execute(
