@@ -8,6 +8,18 @@ pub fn starts_with_any_case(s: &str, prefix: &str) -> bool {
         .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
 }
 
+/// An error's message followed by its causes' (": connection refused"): clients'
+/// own messages often stop at "error sending request" or "db error".
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    text
+}
+
 /// Zero-width non-joiner and joiner: invisible, but how Persian, the Indic scripts and
 /// emoji sequences write some words and pictures.
 const JOINERS: [char; 2] = ['\u{200C}', '\u{200D}'];

@@ -95,14 +95,7 @@ impl Client {
             } else {
                 // Without the URL reqwest puts in its message, which may hold a password;
                 // with the causes it leaves out ("connection refused").
-                let e = e.without_url();
-                let mut why = e.to_string();
-                let mut cause = std::error::Error::source(&e);
-                while let Some(c) = cause {
-                    why = format!("{why}: {c}");
-                    cause = c.source();
-                }
-                why
+                entrega_core::text::with_causes(&e.without_url())
             };
             CliError(format!("cannot reach {shown}: {why}"))
         };

@@ -110,13 +110,7 @@ pub fn error_text(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{}: {}", db.severity(), db.message());
     }
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        text += &format!(": {c}");
-        cause = c.source();
-    }
-    text
+    entrega_core::text::with_causes(e)
 }
 
 #[cfg(test)]
