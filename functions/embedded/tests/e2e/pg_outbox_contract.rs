@@ -173,3 +173,52 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(receiver.got().len(), 2, "the deep row is never sent");
 }
+
+/// A `tenant_id` column of another type (a `uuid`) holds no tenant Entrega has, but
+/// it must not stop the drain: its rows are quarantined as unknown tenants. (The
+/// batch query compared it with a text array, and failed every batch.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_column_of_another_type_does_not_stop_the_drain() {
+    let pg = PgCluster::start();
+    let db = connect(&pg.url()).await;
+    db.batch_execute(&format!(
+        "CREATE ROLE {DRAIN_ROLE} LOGIN;
+         CREATE TABLE entrega_outbox (
+             id         text PRIMARY KEY DEFAULT gen_random_uuid()::text,
+             tenant_id  uuid NOT NULL,
+             type       text NOT NULL,
+             payload    jsonb NOT NULL,
+             created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+         );
+         COMMENT ON TABLE entrega_outbox IS 'entrega outbox v1';
+         INSERT INTO entrega_outbox (tenant_id, type, payload)
+              VALUES (gen_random_uuid(), 'lead.created', '{{}}');"
+    ))
+    .await
+    .unwrap();
+    entrega_succeeds(
+        &[
+            "outbox",
+            "init",
+            "--postgres",
+            &pg.url(),
+            "--grant-to",
+            DRAIN_ROLE,
+        ],
+        &[],
+    );
+    let dir = TempDir::new("pg-tenant-uuid");
+    let _server = Server::start_loopback(&dir, &["--outbox", &pg.url_as(DRAIN_ROLE)]);
+    let reason: String = eventually(Duration::from_secs(10), "the row quarantined", || {
+        let db = &db;
+        async move {
+            db.query_opt("SELECT reason FROM entrega_outbox_quarantine", &[])
+                .await
+                .unwrap()
+                .map(|r| r.get(0))
+        }
+    })
+    .await;
+    assert_eq!(reason, "unknown_tenant");
+    assert_eq!(outbox_rows(&db).await, 0);
+}
