@@ -185,13 +185,25 @@ fn client(args: &ApiArgs) -> Result<Client, CliError> {
     Client::new(&args.url, key, std::time::Duration::from_secs(args.timeout))
 }
 
-fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {
+fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) -> Result<(), CliError> {
+    // What the API answers: an object, and a list's `data` an array of objects.
+    // Anything else came from another server; printed, it made up a row.
+    let rows: Vec<&Value> = match value.get("data") {
+        Some(Value::Array(rows)) => rows.iter().collect(),
+        Some(_) => vec![&Value::Null],
+        None => vec![value],
+    };
+    if rows.iter().any(|r| !r.is_object()) {
+        return Err(CliError(
+            "the answer is not shaped as Entrega's API answers (check --url or ENTREGA_URL)".into(),
+        ));
+    }
     if args.output == Output::Json {
         println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
         );
-        return;
+        return Ok(());
     }
     let value = &with_display_numbers(value.clone());
     let rows: Vec<&Value> = match value.get("data").and_then(Value::as_array) {
@@ -206,6 +218,7 @@ fn print(args: &ApiArgs, value: &Value, headers: &[&str], fields: &[&str]) {
     if let Some(cursor) = value.get("next_cursor").and_then(Value::as_str) {
         println!("(more: --cursor {cursor})");
     }
+    Ok(())
 }
 
 /// A delivery's row: `GEN` counts resends (1 = the original schedule), `ATTEMPTS` the
@@ -273,11 +286,11 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
                 .collect::<Vec<_>>(),
             );
             let page = api.get(&format!("/v1/deliveries{q}")).await?;
-            print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+            print(args, &page, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1)?;
         }
         DeliveriesCommand::Show { id } => {
             let d = api.get(&format!("/v1/deliveries/{}", segment(&id))).await?;
-            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1)?;
             if args.output == Output::Table {
                 let attempts = json!({ "data": with_display_numbers(d.clone())["attempts"] });
                 println!();
@@ -294,7 +307,7 @@ pub async fn deliveries(args: &ApiArgs, command: DeliveriesCommand) -> Result<()
                         "trigger",
                         "requested_by",
                     ],
-                );
+                )?;
             }
         }
     }
@@ -316,7 +329,7 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
                 json!({}),
             )
             .await?;
-        print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+        print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1)?;
         return Ok(());
     }
     let (Some(since), Some(until)) = (r.since, r.until) else {
@@ -400,7 +413,7 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
                 &api.get(&format!("/v1/failures{q}")).await?,
                 columns.0,
                 columns.1,
-            );
+            )?;
         }
         FailuresCommand::Ack { id, note } => {
             let f = api
@@ -412,13 +425,13 @@ pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), Cl
                     },
                 )
                 .await?;
-            print(args, &f, columns.0, columns.1);
+            print(args, &f, columns.0, columns.1)?;
         }
         FailuresCommand::Resend { id } => {
             let d = api
                 .post(&format!("/v1/failures/{}/resend", segment(&id)), json!({}))
                 .await?;
-            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1);
+            print(args, &d, DELIVERY_COLUMNS.0, DELIVERY_COLUMNS.1)?;
         }
     }
     Ok(())
@@ -450,11 +463,11 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
                 &api.get(&format!("/v1/endpoints{q}")).await?,
                 columns.0,
                 columns.1,
-            )
+            )?
         }
         EndpointsCommand::Show { id } => {
             let endpoint = api.get(&format!("/v1/endpoints/{}", segment(&id))).await?;
-            print(args, &endpoint, columns.0, columns.1);
+            print(args, &endpoint, columns.0, columns.1)?;
             if args.output == Output::Table {
                 println!("\nsecret: {}", cell(&endpoint["secret"]));
                 if !endpoint["disabled_reason"].is_null() {
@@ -485,13 +498,13 @@ pub async fn endpoints(args: &ApiArgs, command: EndpointsCommand) -> Result<(), 
                     "p95_ms",
                     "last_error",
                 ],
-            );
+            )?;
         }
         EndpointsCommand::Disable { id } => {
-            print(args, &patch(&id, true).await?, columns.0, columns.1)
+            print(args, &patch(&id, true).await?, columns.0, columns.1)?
         }
         EndpointsCommand::Enable { id } => {
-            print(args, &patch(&id, false).await?, columns.0, columns.1)
+            print(args, &patch(&id, false).await?, columns.0, columns.1)?
         }
     }
     Ok(())

@@ -50,9 +50,9 @@ pub async fn tenants(args: &ApiArgs, command: TenantsCommand) -> Result<(), CliE
             }
             let created = api.post("/v1/tenants", body).await?;
             if args.output == Output::Json {
-                print(args, &created, &[], &[]);
+                print(args, &created, &[], &[])?;
             } else {
-                print(args, &created["tenant"], HEADERS, FIELDS);
+                print(args, &created["tenant"], HEADERS, FIELDS)?;
                 println!(
                     "\napi key (shown once, keep it): {}",
                     created["api_key"].as_str().unwrap_or_default()
@@ -66,7 +66,7 @@ pub async fn tenants(args: &ApiArgs, command: TenantsCommand) -> Result<(), CliE
                 &api.get(&format!("/v1/tenants{q}")).await?,
                 HEADERS,
                 FIELDS,
-            );
+            )?;
         }
         TenantsCommand::Show { id } => {
             print(
@@ -74,7 +74,7 @@ pub async fn tenants(args: &ApiArgs, command: TenantsCommand) -> Result<(), CliE
                 &api.get(&format!("/v1/tenants/{}", segment(&id))).await?,
                 HEADERS,
                 FIELDS,
-            );
+            )?;
         }
     }
     Ok(())

@@ -386,6 +386,27 @@ fn the_cli_says_when_the_server_is_not_entregas() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("API key"), "{said}");
 
+    // JSON of another shape: no made-up row either.
+    let other_json = other_server(Some(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 35\r\n\r\n{\"data\":\"notalist\",\"next_cursor\":5}",
+    ));
+    for output in ["table", "json"] {
+        let out = entrega_against(
+            &other_json,
+            "k",
+            &["deliveries", "list", "--output", output],
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("not shaped as Entrega's API"),
+            "{said}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{output}: nothing printed as a result"
+        );
+    }
+
     // A URL that does not parse is not echoed either: it may hold a password.
     let out = entrega_against(
         "http://ops:hunter2@127.0.0.1:99999",
