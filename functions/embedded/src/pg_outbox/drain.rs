@@ -46,6 +46,10 @@ pub const BATCH_BYTES: i64 = 16 * 1024 * 1024;
 pub const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest a committed row waits when its notification was missed.
 pub const FALLBACK_POLL: Duration = Duration::from_secs(1);
+/// How often a connected drain checks the table's contract again (one catalog query):
+/// a table changed under it (its payload made `json`, its version comment changed) was
+/// drained by the old rules until the next reconnect.
+pub const CONTRACT_RECHECK: Duration = Duration::from_secs(10);
 /// Fan-outs of freshly published events run this many at once.
 const FAN_OUT_CONCURRENCY: usize = 64;
 /// Batches whose fan-out may still run while the drain goes on. The drain does not
@@ -146,10 +150,21 @@ impl Drain {
         let mut full = HashSet::new();
         let mut backoff = LoopBackoff::default();
         let mut client: Option<Client> = None;
+        let mut checked = tokio::time::Instant::now();
         while !*shutdown.borrow() {
             let connected = match client.take() {
-                Some(c) if !c.is_closed() => Ok(c),
-                _ => self.connect(&tls, wake.clone()).await,
+                Some(c) if !c.is_closed() && checked.elapsed() < CONTRACT_RECHECK => Ok(c),
+                Some(c) if !c.is_closed() => {
+                    checked = tokio::time::Instant::now();
+                    schema::check(&c)
+                        .await
+                        .map(|()| c)
+                        .map_err(DrainError::Contract)
+                }
+                _ => {
+                    checked = tokio::time::Instant::now();
+                    self.connect(&tls, wake.clone()).await
+                }
             };
             let result = match connected {
                 Ok(mut c) => {

@@ -172,6 +172,23 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     assert_eq!(outbox_rows(&db).await, 0);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(receiver.got().len(), 2, "the deep row is never sent");
+
+    // Changed under a connected drain, the table is checked again within
+    // `CONTRACT_RECHECK`, not only at the next reconnect.
+    db.batch_execute("ALTER TABLE entrega_outbox ALTER COLUMN payload TYPE json")
+        .await
+        .unwrap();
+    let health = eventually(Duration::from_secs(30), "a degraded /healthz", || async {
+        let resp = reqwest::get(format!("{}/healthz", server.base))
+            .await
+            .unwrap();
+        (resp.status() == 503).then_some(resp.text().await.unwrap())
+    })
+    .await;
+    assert!(
+        health.contains("entrega_outbox.payload is `json`"),
+        "{health}"
+    );
 }
 
 /// A `tenant_id` column of another type (a `uuid`) holds no tenant Entrega has, but
