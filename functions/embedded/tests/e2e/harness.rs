@@ -33,6 +33,17 @@ pub fn entrega_succeeds(args: &[&str], env: &[(&str, &str)]) -> std::process::Ou
     out
 }
 
+/// Run `entrega args…` to completion; it must fail. Its stderr.
+pub fn entrega_fails(args: &[&str]) -> String {
+    let out = Command::new(entrega_bin())
+        .args(args)
+        .output()
+        .expect("the entrega binary runs");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "entrega {args:?} succeeded: {said}");
+    said
+}
+
 /// A free loopback port (bound, then released for a child process to take).
 pub use entrega_testkit::free_loopback_port as free_port;
 

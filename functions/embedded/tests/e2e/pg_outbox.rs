@@ -81,7 +81,12 @@ pub(crate) async fn create_lead(db: &mut Client, tenant: &str, name: &str, commi
 
 /// `/healthz` once it says degraded (503): its body.
 pub(crate) async fn degraded_health(server: &Server) -> String {
-    eventually(Duration::from_secs(10), "a degraded /healthz", || async {
+    degraded_health_within(server, Duration::from_secs(10)).await
+}
+
+/// [`degraded_health`], waiting up to `limit`.
+pub(crate) async fn degraded_health_within(server: &Server, limit: Duration) -> String {
+    eventually(limit, "a degraded /healthz", || async {
         let resp = reqwest::get(format!("{}/healthz", server.base))
             .await
             .unwrap();

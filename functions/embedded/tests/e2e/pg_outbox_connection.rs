@@ -1,7 +1,6 @@
 //! The connection to a producer's PostgreSQL outbox: TLS verified, and an outbox out
 //! of reach reported in the health check without stopping the server.
 
-use std::process::Command;
 use std::time::Duration;
 
 use entrega_testkit::postgres::PgCluster;
@@ -68,13 +67,8 @@ async fn an_unreachable_outbox_is_reported_not_fatal() {
             if command == "outbox" {
                 args.push("init");
             }
-            let out = Command::new(entrega_bin())
-                .args(&args)
-                .args([flag, bad])
-                .output()
-                .unwrap();
-            assert!(!out.status.success());
-            let said = String::from_utf8_lossy(&out.stderr);
+            args.extend([flag, bad]);
+            let said = entrega_fails(&args);
             assert!(
                 said.contains(flag) && !said.contains("hunter2"),
                 "{bad}: {said}"
@@ -100,24 +94,11 @@ async fn a_database_that_never_answers_is_reported() {
     let url = format!("postgres://{DRAIN_ROLE}@127.0.0.1:{port}/crm");
     let dir = TempDir::new("pg-silent");
     let server = Server::start_loopback(&dir, &["--outbox", &url]);
-    let health = eventually(Duration::from_secs(30), "a degraded /healthz", || async {
-        let resp = reqwest::get(format!("{}/healthz", server.base))
-            .await
-            .unwrap();
-        (resp.status() == 503).then_some(resp.text().await.unwrap())
-    })
-    .await;
+    let health = degraded_health_within(&server, Duration::from_secs(30)).await;
     assert!(health.contains("no answer"), "{health}");
 
-    let out = Command::new(entrega_bin())
-        .args(["outbox", "init", "--postgres", &url])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("no answer"),
-        "{said}"
-    );
+    let said = entrega_fails(&["outbox", "init", "--postgres", &url]);
+    assert!(said.contains("no answer"), "{said}");
     drop(held);
 }
 

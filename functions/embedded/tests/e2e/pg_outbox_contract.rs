@@ -3,7 +3,6 @@
 //! by tenant and id drained row by row (two tenants' events may share an id, as in
 //! the API), and a payload the API would refuse quarantined.
 
-use std::process::Command;
 use std::time::Duration;
 
 use entrega_testkit::postgres::PgCluster;
@@ -23,6 +22,17 @@ const HAND_MADE: &str = "
         created_at text NOT NULL DEFAULT clock_timestamp()::text
     );
     COMMENT ON TABLE entrega_outbox IS 'entrega outbox v1';";
+
+/// The reason of the one row in quarantine, once there is one.
+async fn quarantined_reason(db: &tokio_postgres::Client) -> String {
+    eventually(Duration::from_secs(10), "a row quarantined", || async {
+        db.query_opt("SELECT reason FROM entrega_outbox_quarantine", &[])
+            .await
+            .unwrap()
+            .map(|r| r.get(0))
+    })
+    .await
+}
 
 /// The table's primary key columns, in order.
 async fn primary_key(db: &tokio_postgres::Client) -> Vec<String> {
@@ -60,9 +70,7 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
 
     // A `json` payload (duplicate keys, text that jsonb would refuse): refused by
     // `init`, and by the drain, which says why in `/healthz` and drains nothing.
-    let refused = Command::new(entrega_bin()).args(init).output().unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{said}");
+    let said = entrega_fails(&init);
     assert!(
         said.contains("entrega_outbox.payload is `json`") && said.contains("jsonb"),
         "{said}"
@@ -84,12 +92,8 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     db.batch_execute("ALTER TABLE entrega_outbox ALTER COLUMN payload TYPE jsonb")
         .await
         .unwrap();
-    let refused = Command::new(entrega_bin()).args(init).output().unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success() && said.contains("created_at"),
-        "{said}"
-    );
+    let said = entrega_fails(&init);
+    assert!(said.contains("created_at"), "{said}");
 
     // Made a time, `init` takes the table; a `uuid` id drains as text. Keyed by
     // tenant and id (as the README shows), two tenants' rows may share an id.
@@ -158,16 +162,7 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     }
 
     // Nested deeper than the API takes: quarantined, as `POST /v1/events` refuses it.
-    let reason: String = eventually(Duration::from_secs(10), "the deep row quarantined", || {
-        let db = &db;
-        async move {
-            db.query_opt("SELECT reason FROM entrega_outbox_quarantine", &[])
-                .await
-                .unwrap()
-                .map(|r| r.get(0))
-        }
-    })
-    .await;
+    let reason = quarantined_reason(&db).await;
     assert_eq!(reason, "bad_payload");
     assert_eq!(outbox_rows(&db).await, 0);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -178,13 +173,7 @@ async fn the_table_contract_is_checked_and_a_table_keyed_by_tenant_drains_row_by
     db.batch_execute("ALTER TABLE entrega_outbox ALTER COLUMN payload TYPE json")
         .await
         .unwrap();
-    let health = eventually(Duration::from_secs(30), "a degraded /healthz", || async {
-        let resp = reqwest::get(format!("{}/healthz", server.base))
-            .await
-            .unwrap();
-        (resp.status() == 503).then_some(resp.text().await.unwrap())
-    })
-    .await;
+    let health = degraded_health_within(&server, Duration::from_secs(30)).await;
     assert!(
         health.contains("entrega_outbox.payload is `json`"),
         "{health}"
@@ -226,16 +215,7 @@ async fn a_tenant_column_of_another_type_does_not_stop_the_drain() {
     );
     let dir = TempDir::new("pg-tenant-uuid");
     let _server = Server::start_loopback(&dir, &["--outbox", &pg.url_as(DRAIN_ROLE)]);
-    let reason: String = eventually(Duration::from_secs(10), "the row quarantined", || {
-        let db = &db;
-        async move {
-            db.query_opt("SELECT reason FROM entrega_outbox_quarantine", &[])
-                .await
-                .unwrap()
-                .map(|r| r.get(0))
-        }
-    })
-    .await;
+    let reason = quarantined_reason(&db).await;
     assert_eq!(reason, "unknown_tenant");
     assert_eq!(outbox_rows(&db).await, 0);
 }
