@@ -39,8 +39,8 @@ impl Client {
     pub fn new(base: &str, key: &str, timeout: std::time::Duration) -> Result<Self, CliError> {
         let base = base.trim_end_matches('/').to_owned();
         // Not echoed: a URL that does not parse may still hold a password.
-        match reqwest::Url::parse(&base) {
-            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+        let shown = match reqwest::Url::parse(&base) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => without_credentials(url),
             _ => {
                 return Err(CliError(
                     "--url (or ENTREGA_URL) is not an http:// or https:// URL, e.g. \
@@ -48,8 +48,7 @@ impl Client {
                         .into(),
                 ))
             }
-        }
-        let shown = without_credentials(&base);
+        };
         if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
             return Err(CliError(
                 "the API key holds characters a request header cannot carry (a line break, \
@@ -156,15 +155,10 @@ impl Client {
 }
 
 /// `url` without its user and password, for messages.
-fn without_credentials(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() || !parsed.username().is_empty() => {
-            let _ = parsed.set_password(None);
-            let _ = parsed.set_username("");
-            parsed.to_string().trim_end_matches('/').to_owned()
-        }
-        _ => url.to_owned(),
-    }
+fn without_credentials(mut url: reqwest::Url) -> String {
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    url.to_string().trim_end_matches('/').to_owned()
 }
 
 /// Text from the other side, as a message shows it: control characters escaped (see
@@ -278,14 +272,12 @@ mod tests {
 
     #[test]
     fn messages_show_no_password_and_no_control_character() {
+        let shown = |url: &str| without_credentials(url.parse().unwrap());
         assert_eq!(
-            without_credentials("http://user:s3cret@127.0.0.1:1/api"),
+            shown("http://user:s3cret@127.0.0.1:1/api"),
             "http://127.0.0.1:1/api"
         );
-        assert_eq!(
-            without_credentials("http://127.0.0.1:1"),
-            "http://127.0.0.1:1"
-        );
+        assert_eq!(shown("http://127.0.0.1:1"), "http://127.0.0.1:1");
         assert_eq!(quoted("\u{1b}[2Jgone"), "`\\u{1b}[2Jgone`");
         assert_eq!(quoted(" "), "an empty body");
         assert_eq!(quoted(&"x".repeat(1000)).chars().count(), QUOTED_BODY + 3);
