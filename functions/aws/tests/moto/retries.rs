@@ -75,43 +75,31 @@ async fn one_second_retries_are_delivered_without_spinning_into_the_dlq() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(receiver.count(), 2, "exactly two attempts");
-    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
-    let dlq = sqs
+    let dlq = aws_sdk_sqs::Client::new(&stack.sdk)
         .get_queue_url()
         .queue_name(&stack.names.delivery_dlq)
         .send()
         .await
         .unwrap();
-    let depth = sqs
-        .get_queue_attributes()
-        .queue_url(dlq.queue_url().unwrap())
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
-        .await
-        .unwrap();
-    let messages = depth
-        .attributes()
-        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(messages, "0", "nothing in the delivery DLQ");
+    let (messages, _, _) = queue_counts(&stack, dlq.queue_url().unwrap()).await;
+    assert_eq!(messages, 0, "nothing in the delivery DLQ");
 }
 
-/// The delivery queue's messages: (visible, in flight, delayed).
-async fn queue_counts(stack: &Stack) -> (u64, u64, u64) {
+/// A queue's messages: (visible, in flight, delayed).
+async fn queue_counts(stack: &Stack, queue_url: &str) -> (u64, u64, u64) {
     use aws_sdk_sqs::types::QueueAttributeName as Name;
     let out = aws_sdk_sqs::Client::new(&stack.sdk)
         .get_queue_attributes()
-        .queue_url(&stack.resources.delivery_queue_url)
+        .queue_url(queue_url)
         .attribute_names(Name::All)
         .send()
         .await
         .unwrap();
     let get = |name: Name| -> u64 {
-        out.attributes()
-            .and_then(|a| a.get(&name))
+        let value = out.attributes().and_then(|a| a.get(&name));
+        value
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("{name:?} of {queue_url}: {value:?}"))
     };
     (
         get(Name::ApproximateNumberOfMessages),
@@ -138,7 +126,7 @@ async fn a_two_minute_retry_waits_as_a_delayed_message_not_in_flight() {
     )
     .await;
     let counts = eventually(Duration::from_secs(10), "a delayed message", || async {
-        let c = queue_counts(&stack).await;
+        let c = queue_counts(&stack, &stack.resources.delivery_queue_url).await;
         (c == (0, 0, 1)).then_some(c)
     })
     .await;
