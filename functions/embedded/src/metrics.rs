@@ -23,6 +23,9 @@ const BUCKET_START_S: f64 = 0.001;
 const BUCKET_FACTOR: f64 = 2.0;
 const BUCKETS: u16 = 16;
 
+/// The `outcome` label of an attempt that succeeded (the others are failure kinds).
+const SUCCESS: &str = "success";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AttemptLabels {
     tenant: String,
@@ -154,7 +157,7 @@ impl Default for PrometheusMetrics {
 impl Metrics for PrometheusMetrics {
     fn attempt(&self, m: &AttemptMetric) {
         let (tenant, endpoint) = (m.tenant_id.to_string(), m.endpoint_id.to_string());
-        let outcome = m.failure.map_or("success", |k| k.as_str()).to_owned();
+        let outcome = m.failure.map_or(SUCCESS, |k| k.as_str()).to_owned();
         self.attempts
             .get_or_create(&AttemptLabels {
                 tenant: tenant.clone(),
@@ -185,7 +188,7 @@ impl Metrics for PrometheusMetrics {
         self.response.remove(&labels);
         self.latency.remove(&labels);
         let outcomes = FailureKind::ALL.iter().map(|k| k.as_str());
-        for outcome in std::iter::once("success").chain(outcomes) {
+        for outcome in std::iter::once(SUCCESS).chain(outcomes) {
             self.attempts.remove(&AttemptLabels {
                 tenant: labels.tenant.clone(),
                 endpoint: labels.endpoint.clone(),
