@@ -90,9 +90,24 @@ pub trait TenantStore: Send + Sync {
     async fn has_admin_key(&self) -> StoreResult<bool>;
 }
 
+/// Whether [`EndpointStore::create_endpoint`] stored the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointCreated {
+    Stored,
+    /// The tenant already had as many endpoints as the limit allows: nothing stored.
+    TenantFull,
+}
+
 #[async_trait]
 pub trait EndpointStore: Send + Sync {
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    /// Store the endpoint unless its tenant already has `per_tenant` endpoints. The
+    /// count and the write are one step: creates racing at the limit never store more
+    /// than it between them, and one that was answered `Stored` is never taken back.
+    async fn create_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        per_tenant: usize,
+    ) -> StoreResult<EndpointCreated>;
     /// The endpoint with its health record.
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>>;
     /// Write the configuration (never the health record) if the stored version is

@@ -85,7 +85,11 @@ async fn main() {
         .unwrap();
     let mut endpoint = Endpoint::new(tenant.id.clone(), url, now);
     endpoint.max_concurrency = concurrency;
-    services.store.create_endpoint(&endpoint).await.unwrap();
+    services
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let body = serde_json::to_string(&payload()["data"]).unwrap();
     for _ in 0..n {
         let event = Event {

@@ -43,7 +43,11 @@ pub async fn tenant_with_endpoint(
     };
     services.store.create_tenant(&tenant, "hash").await.unwrap();
     let endpoint = Endpoint::new(tenant.id.clone(), url, Utc::now());
-    services.store.create_endpoint(&endpoint).await.unwrap();
+    services
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let event = move || Event {
         id: EventId::generate(),
         tenant_id: tenant.id.clone(),

@@ -11,6 +11,7 @@ use entrega_core::ports::{Published, Store, StoreError};
 use entrega_core::tenant::Tenant;
 
 mod ahead;
+mod endpoint_limit;
 mod failures;
 mod overdue;
 mod paused;
@@ -19,6 +20,7 @@ mod races;
 mod slots;
 
 pub use ahead::a_write_ahead_lands_before_the_next;
+pub use endpoint_limit::creates_racing_at_the_limit_store_no_more_than_it;
 pub use failures::{
     failures_are_found_by_delivery_and_acknowledged, unacknowledged_failures_come_oldest_first,
 };
@@ -31,6 +33,7 @@ pub use slots::endpoint_slots_cap_each_endpoint;
 /// Every promise below, in turn, on one store: what each adapter's suite runs.
 pub async fn every_promise(store: &dyn Store) {
     endpoint_config_and_health_are_versioned_apart(store).await;
+    creates_racing_at_the_limit_store_no_more_than_it(store).await;
     event_ids_are_scoped_to_their_tenant(store).await;
     deliveries_are_created_once_and_attempts_append(store).await;
     a_write_ahead_lands_before_the_next(store).await;
@@ -66,7 +69,10 @@ async fn tenant(store: &dyn Store) -> TenantId {
 pub async fn endpoint_config_and_health_are_versioned_apart(store: &dyn Store) {
     let t = tenant(store).await;
     let endpoint = Endpoint::new(t, "https://hooks.example.com/", Utc::now());
-    store.create_endpoint(&endpoint).await.unwrap();
+    store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let read = store.get_endpoint(&endpoint.id).await.unwrap().unwrap();
     assert_eq!((read.version, read.health.version), (0, 0));
 

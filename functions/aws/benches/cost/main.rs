@@ -159,7 +159,11 @@ async fn run(n: usize, fail_first: bool) -> Run {
         max_concurrency: 64,
         ..Endpoint::new(tenant.id.clone(), url, chrono::Utc::now())
     };
-    setup.store.create_endpoint(&endpoint).await.unwrap();
+    setup
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
 
     // The producer's side: one outbox item per event, each in its own transaction.
     let payload = format!(r#"{{"pad":"{}"}}"#, "x".repeat(PAYLOAD_BYTES - 10));

@@ -1,9 +1,12 @@
 //! Endpoints in DynamoDB: by id, by tenant (gsi1), and all of them (gsi3, admin).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem, Update};
 use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
-use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
+use entrega_core::ports::{EndpointCreated, EndpointStore, Page, StoreError, StoreResult};
 
 use super::*;
 
@@ -12,6 +15,16 @@ use super::*;
 const HEALTH: &str = "health";
 const HEALTH_VERSION: &str = "health_version";
 const VERSION: &str = "version";
+/// The attribute of a tenant's endpoint count item ([`keys::tenant_endpoint_count`]).
+const COUNT: &str = "count";
+/// How many times a create or delete writes again when its transaction was cancelled
+/// (the count moved on, or another transaction held the item): each try reads the
+/// count afresh, so a racer that reached the limit hears so on its next try.
+const COUNT_TRIES: u32 = 8;
+/// The pause before a try after a cancelled one, times the try's number (plus up to
+/// as much again at random), so racers on one count spread out instead of colliding
+/// again.
+const COUNT_RETRY_PAUSE: Duration = Duration::from_millis(10);
 
 fn item(endpoint: &Endpoint) -> Item {
     let mut item = key(keys::endpoint(&endpoint.id));
@@ -66,26 +79,144 @@ impl DynamoStore {
     fn tenant_endpoints_partition(tenant: &TenantId) -> Partition {
         Partition::new(keys::BY_TENANT, keys::tenant_endpoints(tenant))
     }
+
+    /// The tenant's endpoint count, `None` if it was never counted.
+    async fn endpoint_count(&self, tenant: &TenantId) -> StoreResult<Option<u64>> {
+        Ok(self
+            .get_main(keys::tenant_endpoint_count(tenant))
+            .await?
+            .map(|item| number(&item, COUNT)))
+    }
+
+    /// One try at storing `endpoint` with its tenant's count: `Some` with the answer,
+    /// or `None` if the transaction was cancelled and a fresh read should decide.
+    async fn try_create(
+        &self,
+        endpoint: &Endpoint,
+        per_tenant: u64,
+    ) -> StoreResult<Option<EndpointCreated>> {
+        let tenant = &endpoint.tenant_id;
+        let counted = self.endpoint_count(tenant).await?;
+        // A tenant never counted (a new one, or one whose endpoints predate the count)
+        // starts from what it has. The listing reads an index, which can lag by a
+        // moment: only endpoints created by an older release in that moment are missed.
+        let held = match counted {
+            Some(held) => held,
+            None => self.tenant_endpoints(tenant).await?.len() as u64,
+        };
+        if held >= per_tenant {
+            return Ok(Some(EndpointCreated::TenantFull));
+        }
+        let count_key = key(keys::tenant_endpoint_count(tenant));
+        let count = match counted {
+            // Racing creates each add one without conflicting on a version; the
+            // condition stops them at the limit.
+            Some(_) => TransactWriteItem::builder().update(
+                Update::builder()
+                    .table_name(&self.main_table)
+                    .set_key(Some(count_key))
+                    .update_expression("ADD #count :one")
+                    .condition_expression("#count < :limit")
+                    .expression_attribute_names("#count", COUNT)
+                    .expression_attribute_values(":one", n(1))
+                    .expression_attribute_values(":limit", n(per_tenant))
+                    .build()
+                    .expect("table, key and expression are set"),
+            ),
+            // The first count is written once: a racing first count fails here and
+            // its next try adds to this one.
+            None => {
+                let mut item = count_key;
+                item.insert(COUNT.into(), n(held + 1));
+                TransactWriteItem::builder().put(
+                    Put::builder()
+                        .table_name(&self.main_table)
+                        .set_item(Some(item))
+                        .condition_expression("attribute_not_exists(pk)")
+                        .build()
+                        .expect("table and item are set"),
+                )
+            }
+        };
+        let put = Put::builder()
+            .table_name(&self.main_table)
+            .set_item(Some(item(endpoint)))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .expect("table and item are set");
+        match self
+            .client
+            .transact_write_items()
+            .transact_items(count.build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .send()
+            .await
+        {
+            Ok(_) => Ok(Some(EndpointCreated::Stored)),
+            Err(e) if is_condition_failure(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// One try at deleting the endpoint `id` of `tenant` and taking it off the count:
+    /// whether it is done.
+    async fn try_delete(&self, id: &EndpointId, tenant: &TenantId) -> StoreResult<bool> {
+        let delete = Delete::builder()
+            .table_name(&self.main_table)
+            .set_key(Some(key(keys::endpoint(id))))
+            .condition_expression("attribute_exists(pk)")
+            .build()
+            .expect("table and key are set");
+        let uncount = Update::builder()
+            .table_name(&self.main_table)
+            .set_key(Some(key(keys::tenant_endpoint_count(tenant))))
+            .update_expression("ADD #count :minus_one")
+            .condition_expression("#count > :zero")
+            .expression_attribute_names("#count", COUNT)
+            .expression_attribute_values(":minus_one", n(-1))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .expect("table, key and expression are set");
+        match self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().delete(delete).build())
+            .transact_items(TransactWriteItem::builder().update(uncount).build())
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failure(&e) => Ok(false),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+/// The pause before try `n` (from 1) after a cancelled one.
+fn count_retry_pause(n: u32) -> Duration {
+    let base = COUNT_RETRY_PAUSE * n;
+    base + base.mul_f64(rand::random::<f64>())
 }
 
 #[async_trait]
 impl EndpointStore for DynamoStore {
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.client
-            .put_item()
-            .table_name(&self.main_table)
-            .set_item(Some(item(endpoint)))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await
-            .map_err(|e| {
-                if is_condition_failure(&e) {
-                    StoreError::Conflict(format!("endpoint {} exists", endpoint.id))
-                } else {
-                    backend(e)
-                }
-            })?;
-        Ok(())
+    async fn create_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        per_tenant: usize,
+    ) -> StoreResult<EndpointCreated> {
+        for n in 0..COUNT_TRIES {
+            if n > 0 {
+                tokio::time::sleep(count_retry_pause(n)).await;
+            }
+            if let Some(created) = self.try_create(endpoint, per_tenant as u64).await? {
+                return Ok(created);
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "endpoint {}: the tenant's endpoints kept changing meanwhile; try again",
+            endpoint.id
+        )))
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
@@ -156,14 +287,35 @@ impl EndpointStore for DynamoStore {
     }
 
     async fn delete_endpoint(&self, id: &EndpointId) -> StoreResult<()> {
-        self.client
-            .delete_item()
-            .table_name(&self.main_table)
-            .set_key(Some(key(keys::endpoint(id))))
-            .send()
-            .await
-            .map_err(backend)?;
-        Ok(())
+        for n in 0..COUNT_TRIES {
+            if n > 0 {
+                tokio::time::sleep(count_retry_pause(n)).await;
+            }
+            let Some(stored) = self.get_main(keys::endpoint(id)).await? else {
+                return Ok(());
+            };
+            let tenant = decode(&stored)?.tenant_id;
+            if self.try_delete(id, &tenant).await? {
+                return Ok(());
+            }
+            // Cancelled: the endpoint went meanwhile (the next read ends it), another
+            // transaction held an item (try again), or the tenant was never counted,
+            // when the endpoint goes on its own and the first create counts what is
+            // left.
+            if self.endpoint_count(&tenant).await?.unwrap_or(0) == 0 {
+                self.client
+                    .delete_item()
+                    .table_name(&self.main_table)
+                    .set_key(Some(key(keys::endpoint(id))))
+                    .send()
+                    .await
+                    .map_err(backend)?;
+                return Ok(());
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "endpoint {id}: its tenant's endpoints kept changing meanwhile; try again"
+        )))
     }
 
     async fn list_endpoints(

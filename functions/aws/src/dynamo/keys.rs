@@ -111,6 +111,12 @@ pub fn endpoint(id: &EndpointId) -> String {
     format!("EP#{id}")
 }
 
+/// How many endpoints a tenant has: a create checks the limit and adds itself to it
+/// in the transaction that stores the endpoint, so racing creates cannot both pass.
+pub fn tenant_endpoint_count(tenant: &TenantId) -> String {
+    format!("EP_COUNT#{tenant}")
+}
+
 /// A delivery item's key: its day's log partition (a shard chosen by its id), sorted
 /// by id, so the admin's log of every tenant is the table read newest first and
 /// costs no index entry. Both parts come from the id (it carries its time).

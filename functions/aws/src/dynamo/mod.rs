@@ -22,6 +22,7 @@
 //! | list tenants (admin) | gsi3 `ALL_TEN` | Query + BatchGet |
 //! | endpoint by id, config / health writes | main `EP#<id>` | Get; UpdateItem conditional on `version` / `health_version` |
 //! | a tenant's endpoints (fan-out, list) | gsi1 `TENANT_EP#<tenant>` | Query + BatchGet |
+//! | create / delete an endpoint within the tenant's limit | main `EP_COUNT#<tenant>` with `EP#<id>` | transaction: ADD to the count if under the limit (the first count: Put if absent, from the tenant's listing) with a Put if absent; Delete if present with ADD −1 |
 //! | all endpoints (admin) | gsi3 `ALL_EP` | Query + BatchGet |
 //! | create a delivery (fan-out) | main `D#<day>#<0..3f>`, `sk` = its id (both from the id) | Put if absent |
 //! | read / save a delivery (worker, resend) | the same | consistent Get; Put conditional on `version` |

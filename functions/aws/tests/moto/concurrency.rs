@@ -51,7 +51,10 @@ async fn the_cap_holds_across_two_concurrent_batches() {
         max_concurrency: CAP,
         ..Endpoint::new(tenant.clone(), receiver.url("/"), s.clock.now())
     };
-    s.store.create_endpoint(&ep).await.unwrap();
+    s.store
+        .create_endpoint(&ep, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     for i in 0..6 {
         let e = event(&s, &tenant, "a.b", &format!(r#"{{"n":{i}}}"#));
         s.store.publish(&e).await.unwrap();
@@ -120,7 +123,10 @@ async fn a_long_wait_for_a_slot_is_sent_again_not_dead_lettered() {
         max_concurrency: 1,
         ..Endpoint::new(tenant.clone(), receiver.url("/"), s.clock.now())
     };
-    s.store.create_endpoint(&ep).await.unwrap();
+    s.store
+        .create_endpoint(&ep, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let e = event(&s, &tenant, "a.b", "{}");
     s.store.publish(&e).await.unwrap();
     fan_out(&s, &e).await.unwrap();

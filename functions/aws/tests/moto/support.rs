@@ -37,7 +37,11 @@ pub async fn endpoint(
         ..Endpoint::new(tenant.clone(), url, now)
     };
 
-    services.store.create_endpoint(&endpoint).await.unwrap();
+    services
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     endpoint
 }
 

@@ -168,7 +168,10 @@ impl World {
     ) -> StoreResult<Endpoint> {
         let mut endpoint = Endpoint::new(tenant.clone(), url, self.clock.now());
         configure(&mut endpoint);
-        self.services.store.create_endpoint(&endpoint).await?;
+        self.services
+            .store
+            .create_endpoint(&endpoint, crate::endpoint::MAX_ENDPOINTS_PER_TENANT)
+            .await?;
         Ok(endpoint)
     }
 

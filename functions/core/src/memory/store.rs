@@ -17,8 +17,8 @@ use crate::event::Event;
 use crate::failure::Failure;
 use crate::ids::{EndpointId, EventId, TenantId};
 use crate::ports::{
-    Clock, CounterStore, EndpointStore, EventStore, OutboxPage, Page, Published, StoreError,
-    StoreResult, TenantStore,
+    Clock, CounterStore, EndpointCreated, EndpointStore, EventStore, OutboxPage, Page, Published,
+    StoreError, StoreResult, TenantStore,
 };
 use crate::tenant::{Principal, Tenant};
 
@@ -188,18 +188,30 @@ impl TenantStore for MemoryStore {
 
 #[async_trait]
 impl EndpointStore for MemoryStore {
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+    async fn create_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        per_tenant: usize,
+    ) -> StoreResult<EndpointCreated> {
         let mut data = self.data();
         let id = endpoint.id.to_string();
         if data.endpoints.contains_key(&id) {
             return Err(StoreError::Conflict(format!("endpoint {id} exists")));
+        }
+        let held = data
+            .endpoints
+            .values()
+            .filter(|e| e.tenant_id == endpoint.tenant_id)
+            .count();
+        if held >= per_tenant {
+            return Ok(EndpointCreated::TenantFull);
         }
         // Stored at version 0 with an empty health record, as the real stores do.
         let mut stored = endpoint.clone();
         stored.version = 0;
         stored.health = EndpointHealth::default();
         data.endpoints.insert(id, stored);
-        Ok(())
+        Ok(EndpointCreated::Stored)
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use entrega_core::endpoint::{Endpoint, EndpointHealth};
 use entrega_core::ids::{EndpointId, TenantId};
-use entrega_core::ports::{EndpointStore, Page, StoreError, StoreResult};
+use entrega_core::ports::{EndpointCreated, EndpointStore, Page, StoreError, StoreResult};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{DbError, SqliteStore};
@@ -114,18 +114,35 @@ impl SqliteStore {
 
 #[async_trait]
 impl EndpointStore for SqliteStore {
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+    async fn create_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        per_tenant: usize,
+    ) -> StoreResult<EndpointCreated> {
         let (id, tenant, json) = (
             endpoint.id.to_string(),
             endpoint.tenant_id.to_string(),
             config_json(endpoint),
         );
-        self.write_endpoints(move |conn| {
-            conn.prepare_cached("INSERT INTO endpoints (id, tenant_id, json) VALUES (?1, ?2, ?3)")?
-                .execute(params![id, tenant, json])?;
-            Ok(())
+        // The count and the insert are one statement on the one writer: no other write
+        // lands between them, so racing creates cannot pass the limit together.
+        let stored = self
+            .write_endpoints(move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "INSERT INTO endpoints (id, tenant_id, json)
+                         SELECT ?1, ?2, ?3
+                         WHERE (SELECT count(*) FROM endpoints WHERE tenant_id = ?2) < ?4",
+                    )?
+                    .execute(params![id, tenant, json, per_tenant as i64])?;
+                Ok(n == 1)
+            })
+            .await?;
+        Ok(if stored {
+            EndpointCreated::Stored
+        } else {
+            EndpointCreated::TenantFull
         })
-        .await
     }
 
     async fn get_endpoint(&self, id: &EndpointId) -> StoreResult<Option<Endpoint>> {

@@ -99,7 +99,11 @@ async fn an_event_to_a_disabled_endpoint_is_fanned_out_beside_the_publish() {
         chrono::Utc::now(),
     );
     disabled.disabled = true;
-    services.store.create_endpoint(&disabled).await.unwrap();
+    services
+        .store
+        .create_endpoint(&disabled, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
 
     assert_eq!(publisher.publish(&event).await.unwrap(), Published::Created);
     entrega_testkit::eventually(Duration::from_secs(5), "the fan-out beside", || async {

@@ -80,7 +80,10 @@ async fn a_tenants_endpoints_show_every_write_through_the_store_at_once() {
     assert!(listed(&store, &tenant).await.is_empty());
 
     let mut endpoint = Endpoint::new(tenant.clone(), "https://hooks.example.com/", clock.now());
-    store.create_endpoint(&endpoint).await.unwrap();
+    store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     assert_eq!(listed(&store, &tenant).await.len(), 1, "created");
 
     endpoint.disabled = true;
@@ -105,7 +108,10 @@ async fn a_change_made_by_hand_is_seen_once_its_entry_is_no_longer_trusted() {
     let (_dir, store, clock) = store("cache-by-hand");
     let tenant = tenant_with_key(&store, clock.now(), "hash-of-key").await;
     let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", clock.now());
-    store.create_endpoint(&endpoint).await.unwrap();
+    store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let principal = Some(Principal::Tenant(tenant.id.clone()));
     assert_eq!(
         store.principal_for_key("hash-of-key").await.unwrap(),

@@ -147,7 +147,11 @@ async fn an_endpoint_failing_for_five_days_is_disabled_and_recovery_is_announced
     let now = clock.now();
     let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", now);
 
-    services.store.create_endpoint(&endpoint).await.unwrap();
+    services
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let current = |s: &entrega_core::ports::Services| {
         let (s, id) = (s.clone(), endpoint.id.clone());
         async move { s.store.get_endpoint(&id).await.unwrap().unwrap() }
@@ -252,7 +256,11 @@ async fn a_failure_handler_that_died_after_its_record_still_alerts_exactly_once(
     };
     services.store.create_tenant(&tenant, "h").await.unwrap();
     let endpoint = Endpoint::new(tenant.id.clone(), "https://hooks.example.com/", now);
-    services.store.create_endpoint(&endpoint).await.unwrap();
+    services
+        .store
+        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let event = Event {
         id: EventId::generate(),
         tenant_id: tenant.id.clone(),

@@ -11,7 +11,7 @@ use entrega_core::endpoint::{
 };
 use entrega_core::handlers::resume::start_resume;
 use entrega_core::ids::{EndpointId, TenantId};
-use entrega_core::ports::StoreError;
+use entrega_core::ports::{EndpointCreated, StoreError};
 use entrega_core::retry::RetrySpec;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -220,30 +220,18 @@ pub(super) async fn create_endpoint(
     };
 
     validate(&mut endpoint, &state)?;
-    let too_many = || {
-        ApiError::conflict(format!(
-            "a tenant has at most {MAX_ENDPOINTS_PER_TENANT} endpoints: delete one it no longer needs first"
-        ))
-    };
-    let store = &state.services.store;
-    if store.tenant_endpoints(&endpoint.tenant_id).await?.len() >= MAX_ENDPOINTS_PER_TENANT {
-        return Err(too_many());
-    }
     tracing::Span::current().record("endpoint_id", tracing::field::display(&endpoint.id));
-    store.create_endpoint(&endpoint).await?;
-    // Creates racing at the limit all pass the check above. Each looks again once its
-    // own is stored, and only the tenant's first endpoints by creation stay: a later
-    // one is taken back, so every racer agrees on which ones those are.
-    let mut stored = store.tenant_endpoints(&endpoint.tenant_id).await?;
-    if stored.len() > MAX_ENDPOINTS_PER_TENANT {
-        stored.sort_by(|a, b| (a.created_at, a.id.as_str()).cmp(&(b.created_at, b.id.as_str())));
-        let kept = stored
-            .iter()
-            .position(|e| e.id == endpoint.id)
-            .is_some_and(|rank| rank < MAX_ENDPOINTS_PER_TENANT);
-        if !kept {
-            store.delete_endpoint(&endpoint.id).await?;
-            return Err(too_many());
+    match state
+        .services
+        .store
+        .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_TENANT)
+        .await?
+    {
+        EndpointCreated::Stored => {}
+        EndpointCreated::TenantFull => {
+            return Err(ApiError::conflict(format!(
+                "a tenant has at most {MAX_ENDPOINTS_PER_TENANT} endpoints: delete one it no longer needs first"
+            )))
         }
     }
     Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))))

@@ -183,7 +183,7 @@ impl Sim {
         self.world
             .services
             .store
-            .create_endpoint(&endpoint)
+            .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
             .await
             .unwrap();
         self.endpoints
