@@ -30,6 +30,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::row_key::{key_columns, RowKey};
 use super::schema::{self, CHANNEL};
 
 /// Rows per batch: one transaction, one store group commit, one `DELETE`. Bounded so
@@ -100,27 +101,6 @@ pub struct Drained {
     pub held: usize,
     /// Rows left for the next batch because this one had [`BATCH_BYTES`] already.
     pub deferred: usize,
-}
-
-/// A row of the outbox: its tenant and id (an id is scoped to its tenant).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct RowKey {
-    tenant_id: String,
-    id: String,
-}
-
-impl RowKey {
-    fn of(row: &OutboxRow) -> Self {
-        Self {
-            tenant_id: row.tenant_id.clone(),
-            id: row.id.clone(),
-        }
-    }
-}
-
-/// The keys' two columns, as arrays for `unnest($1::text[], $2::text[])`.
-fn key_columns<'a>(keys: impl Iterator<Item = &'a RowKey>) -> (Vec<&'a str>, Vec<&'a str>) {
-    keys.map(|k| (k.tenant_id.as_str(), k.id.as_str())).unzip()
 }
 
 /// What the rows of a batch are to become.

@@ -8,6 +8,7 @@
 //! in [`drain`].
 
 pub mod drain;
+mod row_key;
 pub mod schema;
 pub mod tls;
 

@@ -11,12 +11,13 @@
 //! told "done" before the transaction holding their work has committed.
 
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use entrega_core::ports::{StoreError, StoreResult};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+use super::readers::Readers;
 use super::sync::{open_log, sync_loop, Answers, SyncGate, SYNC_QUEUE};
 use super::writer::{write_loop, Detached, Job, Work, WriteJob};
 use super::{schema, DbError};
@@ -126,37 +127,6 @@ where
     })
 }
 
-/// Read-only connections, each used by one blocking task at a time.
-struct Readers {
-    idle: Mutex<Vec<Connection>>,
-    freed: Condvar,
-}
-
-impl Readers {
-    /// An idle connection, if there is one, without waiting.
-    fn try_take(&self) -> Option<Connection> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
-    }
-
-    fn take(&self) -> Connection {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(conn) = idle.pop() {
-                return conn;
-            }
-            idle = self.freed.wait(idle).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn give_back(&self, conn: Connection) {
-        self.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(conn);
-        self.freed.notify_one();
-    }
-}
-
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct SqliteDb {
@@ -256,10 +226,7 @@ impl SqliteDb {
         spawn("checkpointer", move || checkpoint_loop(checkpointer, watch))?;
         Ok(Self {
             writes,
-            readers: Arc::new(Readers {
-                idle: Mutex::new(readers),
-                freed: Condvar::new(),
-            }),
+            readers: Arc::new(Readers::new(readers)),
             _alive: alive,
             publish_pages: Arc::default(),
             last_write_failure_ms,

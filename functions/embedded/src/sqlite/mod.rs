@@ -15,6 +15,7 @@ pub mod prefetch;
 pub mod publish_fan_out;
 pub mod queue;
 mod read_cache;
+mod readers;
 pub mod retention;
 mod schema;
 mod sync;
