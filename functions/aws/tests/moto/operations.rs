@@ -136,6 +136,53 @@ async fn the_dynamodb_store_conforms() {
     endpoint_slots_cap_each_endpoint(&store).await;
 }
 
+/// A tenant whose endpoints were stored before the endpoint count existed (its count
+/// item absent) is counted from its endpoints at its next create: the limit still
+/// holds, not restarted at zero.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_never_counted_is_counted_from_its_endpoints() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use entrega_aws::dynamo::{keys, ONLY, PK, SK};
+    use entrega_core::endpoint::Endpoint;
+    use entrega_core::ports::{EndpointCreated, EndpointStore};
+
+    const LIMIT: usize = 3;
+    let stack = crate::harness::Stack::provisioned(Arc::new(SystemClock)).await;
+    let store =
+        entrega_aws::resources::dynamo_store(&stack.sdk, &stack.resources, Arc::new(SystemClock));
+    let tenant = entrega_core::ids::TenantId::generate();
+    let endpoint = |n: u32| {
+        Endpoint::new(
+            tenant.clone(),
+            format!("https://hooks.example.com/{n}"),
+            chrono::Utc::now(),
+        )
+    };
+    for n in 0..2 {
+        let created = store.create_endpoint(&endpoint(n), LIMIT).await.unwrap();
+        assert_eq!(created, EndpointCreated::Stored);
+    }
+    // As an older release left it: the endpoints, and no count.
+    aws_sdk_dynamodb::Client::new(&stack.sdk)
+        .delete_item()
+        .table_name(&stack.resources.main_table)
+        .key(PK, AttributeValue::S(keys::tenant_endpoint_count(&tenant)))
+        .key(SK, AttributeValue::S(ONLY.into()))
+        .send()
+        .await
+        .unwrap();
+    let answers = [
+        store.create_endpoint(&endpoint(2), LIMIT).await.unwrap(),
+        store.create_endpoint(&endpoint(3), LIMIT).await.unwrap(),
+    ];
+    assert_eq!(
+        answers,
+        [EndpointCreated::Stored, EndpointCreated::TenantFull],
+        "counted from the two already there"
+    );
+    assert_eq!(store.tenant_endpoints(&tenant).await.unwrap().len(), LIMIT);
+}
+
 /// The queue conformance suite, on SQS (moto): the same promises as the SQLite and
 /// in-memory queues. Each promise gets a queue of its own.
 #[tokio::test(flavor = "multi_thread")]
