@@ -18,8 +18,8 @@ pub struct JsonBody<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        parse_json(&read_body(req, state).await?).map(JsonBody)
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        parse_json(&read_body(req).await?).map(JsonBody)
     }
 }
 
@@ -36,8 +36,8 @@ struct NoFields {}
 impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = read_body(req, state).await?;
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let bytes = read_body(req).await?;
         if !bytes.iter().all(u8::is_ascii_whitespace) {
             parse_json::<NoFields>(&bytes)?;
         }
@@ -48,7 +48,7 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
 /// The whole request body, within [`MAX_BODY_BYTES`] and the server's deadline. An
 /// encoded body is a 415: read as it came, a gzipped one was "not valid JSON", and a
 /// plain one labelled gzip was taken.
-async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+async fn read_body(req: Request) -> Result<Bytes, ApiError> {
     let encodings = req.headers().get_all(axum::http::header::CONTENT_ENCODING);
     if encodings.iter().any(|e| {
         e.to_str()
@@ -59,18 +59,42 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Api
             "the body is encoded (`Content-Encoding`): send it as plain JSON",
         ));
     }
-    Bytes::from_request(req, state).await.map_err(|e| {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(MAX_BODY_BYTES)
-        } else if caused_by::<BodyTooSlow>(&e) {
-            ApiError::body_timeout()
-        } else {
-            ApiError::bad_request(
-                "the request body could not be read (broken chunked encoding, or the \
-                 connection ended early)",
-            )
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    // A body declared too large is refused before a byte of it is waited for.
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    collect_body(req.into_body(), declared.unwrap_or(0)).await
+}
+
+/// The body's bytes, copied out of each frame as it arrives. Why copy: a frame is a
+/// slice of the connection's read buffer and keeps the whole buffer alive, so a body
+/// kept as its frames, sent a byte at a time, held about 8 KiB of the server's memory
+/// for each byte the client sent (2 GiB for one 256 KiB body, a hostile test).
+async fn collect_body(body: axum::body::Body, declared: usize) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut frames = body.into_data_stream();
+    let mut whole = Vec::with_capacity(declared.min(MAX_BODY_BYTES));
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|e| {
+            if caused_by::<BodyTooSlow>(&e) {
+                ApiError::body_timeout()
+            } else {
+                ApiError::bad_request(
+                    "the request body could not be read (broken chunked encoding, or the \
+                     connection ended early)",
+                )
+            }
+        })?;
+        if whole.len() + frame.len() > MAX_BODY_BYTES {
+            return Err(ApiError::too_large(MAX_BODY_BYTES));
         }
-    })
+        whole.extend_from_slice(&frame);
+    }
+    Ok(Bytes::from(whole))
 }
 
 /// What a server's request body gives when the body did not arrive whole in time
@@ -329,5 +353,99 @@ mod json_body_tests {
             );
             assert_eq!(field.as_deref(), Some(named), "{unfit}: {detail}");
         }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::body::{Body, Bytes};
+    use axum::http::StatusCode;
+    use futures_util::{FutureExt, StreamExt};
+
+    use super::{read_body, MAX_BODY_BYTES};
+
+    /// How large a buffer each test frame keeps alive, as a slice of a connection's
+    /// read buffer does.
+    const BUFFER: usize = 8 * 1024;
+
+    /// A one-byte frame that owns a whole buffer, and counts itself while it lives.
+    struct Frame {
+        buffer: Vec<u8>,
+        live: Arc<AtomicUsize>,
+    }
+
+    impl AsRef<[u8]> for Frame {
+        fn as_ref(&self) -> &[u8] {
+            &self.buffer[..1]
+        }
+    }
+
+    impl Drop for Frame {
+        fn drop(&mut self) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A body sent a byte at a time is not kept as its frames: each frame's buffer is
+    /// let go once its byte is copied, so what the server holds is the body, not a
+    /// buffer per byte.
+    #[tokio::test]
+    async fn a_body_sent_a_byte_at_a_time_does_not_keep_its_frames() {
+        const FRAMES: usize = 2_000;
+        let live = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (l, m) = (live.clone(), most.clone());
+        let frames = futures_util::stream::iter(0..FRAMES).map(move |n| {
+            let now = l.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            let mut buffer = vec![0u8; BUFFER];
+            buffer[0] = b'0' + (n % 10) as u8;
+            Ok::<_, std::io::Error>(Bytes::from_owner(Frame {
+                buffer,
+                live: l.clone(),
+            }))
+        });
+        let request = axum::http::Request::new(Body::from_stream(frames));
+        let body = read_body(request).await.unwrap();
+        let expected: Vec<u8> = (0..FRAMES).map(|n| b'0' + (n % 10) as u8).collect();
+        assert_eq!(&body[..], &expected[..]);
+        assert_eq!(live.load(Ordering::SeqCst), 0, "every frame let go");
+        let held = most.load(Ordering::SeqCst);
+        assert!(
+            held <= 2,
+            "{held} frames of {BUFFER} bytes were held at once"
+        );
+    }
+
+    /// A body declared larger than the limit is refused at once, without waiting for
+    /// any of it (a client that declares 10 MB and sends nothing got a 408 after 30 s).
+    #[test]
+    fn a_body_declared_too_large_is_refused_before_it_arrives() {
+        let never = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
+        let request = axum::http::Request::builder()
+            .header("content-length", (MAX_BODY_BYTES + 1).to_string())
+            .body(Body::from_stream(never))
+            .unwrap();
+        let answer = read_body(request)
+            .now_or_never()
+            .expect("answered without waiting for the body");
+        assert_eq!(answer.unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    /// A body that turns out larger than the limit as it arrives is refused (no
+    /// `Content-Length`: chunked).
+    #[tokio::test]
+    async fn a_body_past_the_limit_is_refused_as_it_arrives() {
+        let chunk = Bytes::from(vec![b' '; 64 * 1024]);
+        let chunks = futures_util::stream::iter(
+            std::iter::repeat_n(chunk, MAX_BODY_BYTES / (64 * 1024) + 1)
+                .map(Ok::<_, std::io::Error>),
+        );
+        let request = axum::http::Request::new(Body::from_stream(chunks));
+        let answer = read_body(request).await;
+        assert_eq!(answer.unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 }
