@@ -17,6 +17,8 @@ use entrega_core::endpoint::{is_reserved_type, validate_event_type};
 use entrega_core::event::{format_timestamp, Event, MAX_PAYLOAD_BYTES};
 use entrega_core::handlers::notices::is_reserved_id;
 use entrega_core::ids::{EventId, TenantId};
+use entrega_core::json_keys::duplicate_key;
+use entrega_core::raw_json::raw_json_problem;
 use serde_json::Value;
 
 use crate::dynamo::{get_s, n, s, Item, PK, TTL_ATTRIBUTE};
@@ -134,6 +136,14 @@ fn decode(
         return Err(invalid("payload", &"over 256 KiB"));
     }
     serde_json::from_str::<serde::de::IgnoredAny>(payload).map_err(|e| invalid("payload", &e))?;
+    // By the rules the API holds a published `data` to, so an event from the outbox
+    // reaches receivers as one from the API would.
+    if let Some(problem) = raw_json_problem(payload.as_bytes()) {
+        return Err(invalid("payload", &problem.describe()));
+    }
+    if let Some(path) = duplicate_key(payload.as_bytes()) {
+        return Err(invalid("payload", &format!("`{path}` is given twice")));
+    }
     let created_at = DateTime::parse_from_rfc3339(created_at)
         .map_err(|e| invalid("created_at", &e))?
         .with_timezone(&Utc);
@@ -195,11 +205,16 @@ mod tests {
         });
         assert!(event_from_dynamo_json(&image).is_ok());
         let mut bad = image.clone();
-        bad["payload"] = serde_json::json!({"S": "{not json"});
-        assert!(matches!(
-            event_from_dynamo_json(&bad),
-            Err(OutboxError::Invalid("payload", _))
-        ));
+        for payload in ["{not json", r#"{"x":1,"x":2}"#, r#"{"s":"\ud800"}"#] {
+            bad["payload"] = serde_json::json!({ "S": payload });
+            assert!(
+                matches!(
+                    event_from_dynamo_json(&bad),
+                    Err(OutboxError::Invalid("payload", _))
+                ),
+                "{payload}"
+            );
+        }
         let mut bad = image.clone();
         bad["pk"] = serde_json::json!({"S": "a.b"});
         assert!(matches!(

@@ -14,6 +14,7 @@ pub mod failure;
 pub mod handlers;
 pub mod hex;
 pub mod ids;
+pub mod json_keys;
 pub mod memory;
 pub mod outcome;
 pub mod ports;

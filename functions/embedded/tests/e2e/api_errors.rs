@@ -350,6 +350,19 @@ async fn a_body_field_given_twice_is_refused() {
             r#"{"url":"https://a.example.com/","url":"https://b.example.com/"}"#,
             "url",
         ),
+        // At any depth: `data` is kept as written (a receiver whose parser keeps the
+        // first `x` read another event than the one compared and stored), and a map
+        // kept the last.
+        (
+            "/v1/events",
+            r#"{"type":"a","data":{"big":1e400,"o":[{"x":1,"x":2}]}}"#,
+            "data.o[0].x",
+        ),
+        (
+            "/v1/endpoints",
+            r#"{"url":"https://a.example.com/","retry":{"delays_s":[1],"delays_s":[2]}}"#,
+            "retry.delays_s",
+        ),
     ] {
         let (status, problem) = acme.post_text(path, body.to_owned()).await;
         assert_eq!(
@@ -374,6 +387,16 @@ async fn a_body_field_given_twice_is_refused() {
     }
     let (status, page) = acme.get("/v1/endpoints").await;
     assert_eq!((status, page["data"].as_array().unwrap().len()), (200, 0));
+    let (status, page) = acme.get("/v1/deliveries").await;
+    assert_eq!((status, page["data"].as_array().unwrap().len()), (200, 0));
+    // The same key in two objects is no duplicate.
+    let (status, event) = acme
+        .post_text(
+            "/v1/events",
+            r#"{"type":"a","data":{"x":{"x":1},"y":[{"x":1},{"x":2}]}}"#.to_owned(),
+        )
+        .await;
+    assert_eq!(status, 202, "{event}");
 }
 
 /// A route that takes no body takes nothing, or `{}`: a field is a 422 naming it and

@@ -142,7 +142,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let refused = match serde_path_to_error::deserialize(&mut text) {
         // A struct also reads from an array of its fields in order: `["a", {}]`
         // published an event of type `a`. Only an object is taken.
-        Ok(parsed) if text.end().is_ok() && starts_as_object(bytes) => return Ok(parsed),
+        Ok(parsed) if text.end().is_ok() && starts_as_object(bytes) => {
+            // Below the top level, a field given twice passes the parse: a field kept
+            // as written (`data`) keeps both, and a map keeps the last.
+            return match entrega_core::json_keys::duplicate_key(bytes) {
+                Some(path) => Err(ApiError::bad_parameter(&path, "given twice; give it once")),
+                None => Ok(parsed),
+            };
+        }
         Ok(_) => None,
         Err(e) => Some(e),
     };
