@@ -238,3 +238,32 @@ fn admin_key_refuses_a_database_that_does_not_exist() {
     );
     assert!(!db.exists(), "no database was created");
 }
+
+/// A PATCH that changes nothing writes nothing: `updated_at` stays (it said the
+/// endpoint was edited), while one that changes a field moves it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_patch_that_changes_nothing_writes_nothing() {
+    let dir = TempDir::new("no-op-patch");
+    let server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let created = acme
+        .endpoint(json!({"url": "https://hooks.example.com/", "timeout_ms": 5000}))
+        .await;
+    let path = format!("/v1/endpoints/{}", created["id"].as_str().unwrap());
+    for same in [
+        json!({}),
+        json!({"disabled": false, "timeout_ms": 5000}),
+        json!({"url": "https://hooks.example.com/"}),
+    ] {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let (status, patched) = acme.call("PATCH", &path, Some(same.clone())).await;
+        assert_eq!(status, 200, "{same}: {patched}");
+        assert_eq!(patched["updated_at"], created["updated_at"], "{same}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let (status, patched) = acme
+        .call("PATCH", &path, Some(json!({"timeout_ms": 6000})))
+        .await;
+    assert_eq!(status, 200, "{patched}");
+    assert_ne!(patched["updated_at"], created["updated_at"]);
+}

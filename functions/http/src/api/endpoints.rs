@@ -303,6 +303,12 @@ async fn change_endpoint(
         let mut next = before.clone();
         change(&mut next)?;
         validate(&mut next, state)?;
+        // A change that changes nothing is not written: `updated_at` would say the
+        // endpoint was edited, and the new version would fail a client's conditional
+        // write made from the same read.
+        if next == before {
+            return Ok((before.clone(), before));
+        }
         next.updated_at = state.services.clock.now();
         match state.services.store.update_endpoint(&next).await {
             Ok(saved) => return Ok((before, saved)),
