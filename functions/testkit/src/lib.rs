@@ -244,6 +244,14 @@ where
 /// How long moto may take to start on a busy machine.
 const MOTO_START_LIMIT: Duration = Duration::from_secs(60);
 
+/// The workspace's root directory.
+fn workspace() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("functions/testkit lies two levels under the workspace root")
+}
+
 /// The Python that runs moto: `ENTREGA_PYTHON` if set (scripts/test sets it), else
 /// the workspace's virtual environment `.venv/bin/python` if there is one (made by
 /// scripts/python-tools), else `python3` from the PATH.
@@ -251,11 +259,7 @@ pub fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("ENTREGA_PYTHON").filter(|p| !p.is_empty()) {
         return python.into();
     }
-    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("functions/testkit lies two levels under the workspace root");
-    let venv = workspace.join(".venv/bin/python");
+    let venv = workspace().join(".venv/bin/python");
     if venv.exists() {
         venv
     } else {
@@ -263,7 +267,10 @@ pub fn python() -> PathBuf {
     }
 }
 
-/// A moto server (the local AWS emulator) on a free loopback port, stopped on drop.
+/// A moto server (the local AWS emulator) on a free loopback port, stopped on drop:
+/// `scripts/moto_server.py`, which serves DynamoDB requests one at a time, as atomic
+/// and isolated as DynamoDB's own (moto alone lets two transactions both pass a
+/// condition only one may).
 pub struct Moto {
     child: Child,
     pub endpoint: String,
@@ -291,14 +298,8 @@ impl Moto {
             .port();
         let python = python();
         let child = Command::new(&python)
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
+            .arg(workspace().join("scripts/moto_server.py"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
