@@ -39,6 +39,8 @@ pub struct Failing {
     pub instance: Option<String>,
     pub reason: String,
     pub since: DateTime<Utc>,
+    /// When it last happened.
+    pub last: DateTime<Utc>,
     pub occurrences: u64,
 }
 
@@ -68,7 +70,10 @@ impl Conditions {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         let key = (component, instance.to_owned());
         match failing.get_mut(&key) {
-            Some(f) if f.reason == reason => f.occurrences += 1,
+            Some(f) if f.reason == reason => {
+                f.occurrences += 1;
+                f.last = now;
+            }
             _ => {
                 tracing::error!(
                     ?component,
@@ -83,6 +88,7 @@ impl Conditions {
                         instance: (!instance.is_empty()).then(|| instance.to_owned()),
                         reason: reason.to_owned(),
                         since: now,
+                        last: now,
                         occurrences: 1,
                     },
                 );
@@ -100,6 +106,37 @@ impl Conditions {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = failing.remove(&(component, instance.to_owned())) {
             tracing::warn!(?component, instance, failed = f.occurrences, since = %f.since, "recovered");
+        }
+    }
+
+    /// Forget `component`'s condition if it has not happened for `quiet_for`: for a
+    /// component that learns of a failure only when it tries, and tries only when asked
+    /// (the API's writes), a failure not seen again for that long is no evidence that
+    /// it lasts.
+    pub fn forget_if_quiet(
+        &self,
+        component: Component,
+        quiet_for: std::time::Duration,
+        now: DateTime<Utc>,
+    ) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (component, String::new());
+        let quiet = failing.get(&key).is_some_and(|f| {
+            (now - f.last)
+                .to_std()
+                .is_ok_and(|quiet| quiet >= quiet_for)
+        });
+        if quiet {
+            if let Some(f) = failing.remove(&key) {
+                tracing::warn!(
+                    ?component,
+                    failed = f.occurrences,
+                    since = %f.since,
+                    last = %f.last,
+                    "no longer reported: it has not failed for {} s",
+                    quiet_for.as_secs()
+                );
+            }
         }
     }
 
@@ -126,6 +163,31 @@ mod tests {
         assert_eq!(current[0].occurrences, 1000);
         c.recovered(Component::Outbox);
         assert!(c.current().is_empty());
+    }
+
+    #[test]
+    fn a_condition_quiet_for_long_enough_is_forgotten() {
+        let c = Conditions::default();
+        let start = Utc::now();
+        let hold = std::time::Duration::from_secs(10);
+        c.failing(Component::Api, "disk full", start);
+        c.failing(
+            Component::Api,
+            "disk full",
+            start + chrono::Duration::seconds(8),
+        );
+        c.failing(Component::Outbox, "down", start);
+        c.forget_if_quiet(Component::Api, hold, start + chrono::Duration::seconds(17));
+        assert_eq!(
+            c.current().len(),
+            2,
+            "quiet for 9 s since its last occurrence: still reported"
+        );
+        assert_eq!(c.current()[0].since, start, "since its first occurrence");
+        c.forget_if_quiet(Component::Api, hold, start + chrono::Duration::seconds(18));
+        let current = c.current();
+        assert_eq!(current.len(), 1, "{current:?}");
+        assert_eq!(current[0].component, Component::Outbox, "others stay");
     }
 
     #[test]

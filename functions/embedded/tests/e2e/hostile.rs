@@ -258,7 +258,8 @@ async fn publishing_past_the_backlog_limit_is_refused_and_nothing_accepted_is_lo
 }
 
 /// A database at its size limit: publishing answers 503 with `Retry-After`, loses
-/// nothing accepted, `/healthz` says degraded, and the log says so once, not in a flood.
+/// nothing accepted, `/healthz` says degraded while publishes fail (and not for good
+/// once none is tried), and the log says so once, not in a flood.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_database_degrades_cleanly_without_flooding_the_log() {
     let dir = TempDir::new("full");
@@ -307,6 +308,30 @@ async fn a_full_database_degrades_cleanly_without_flooding_the_log() {
         assert_eq!(acme.get(&format!("/v1/events/{id}")).await.0, 200);
     }
     all_delivered(&receiver, &accepted, Duration::from_secs(30)).await;
+    // Nothing has tried to publish since: no evidence the API's writes still fail, so
+    // a balancer routing on `/healthz` lets requests through again (it never cleared
+    // before, with no write to succeed)...
+    let (status, health) = eventually(
+        Duration::from_secs(30),
+        "healthy once no write has failed for a while",
+        || async {
+            let (status, health) = server.admin().get("/healthz").await;
+            (status == 200).then_some((status, health))
+        },
+    )
+    .await;
+    assert_eq!(health["status"], "ok", "{status} {health}");
+    // ...and the next refusal reports it at once.
+    let refused = acme
+        .post("/v1/events", json!({"type": "a.b", "data": {"blob": blob}}))
+        .await;
+    assert_eq!(refused.0, 503, "{}", refused.1);
+    let (status, health) = server.admin().get("/healthz").await;
+    assert_eq!(
+        (status, &health["status"]),
+        (503, &json!("degraded")),
+        "{health}"
+    );
 }
 
 /// `/metrics` takes the admin key or the metrics token, never a tenant key.

@@ -115,6 +115,14 @@ pub(crate) fn page_cursor<T: std::str::FromStr>(query: &QueryMap) -> ApiResult<O
     }
 }
 
+/// How long `/healthz` reports a failed API write after the last one. The API learns
+/// of its store only from the requests it serves: kept until a write succeeded, as it
+/// was, a balancer that stops routing on the 503 let no write through to clear it (a
+/// disk given space again still read degraded a minute later, a hostile test).
+/// Forgotten, the next request tells again: if writes still fail, it is back at once.
+/// The store's own writers (the worker's, the sweeper's) report their own conditions.
+pub const API_FAILURE_HOLDS: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Liveness: `ok`, or `degraded` (503) with what is failing, e.g. a store refusing
 /// writes. Names no tenant: it needs no key.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
@@ -123,6 +131,11 @@ pub(crate) fn page_cursor<T: std::str::FromStr>(query: &QueryMap) -> ApiResult<O
         (status = 503, description = "Degraded: something is failing (see `reasons`)", body = views::Health),
     ))]
 pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
+    state.conditions.forget_if_quiet(
+        Component::Api,
+        API_FAILURE_HOLDS,
+        state.services.clock.now(),
+    );
     let failing = state.conditions.current();
     let health = views::Health {
         status: if failing.is_empty() { "ok" } else { "degraded" }.to_owned(),
