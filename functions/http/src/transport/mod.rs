@@ -154,14 +154,17 @@ impl Transport for HttpTransport {
     }
 }
 
-/// Classify a reqwest error by walking its cause chain.
+/// Classify a reqwest error by walking its cause chain. The message is the whole
+/// chain: reqwest's own stops at "error sending request for url (…)", which a support
+/// person cannot tell apart from one failure to the next (a peer that closed, a head
+/// too large, a status line that is not HTTP; a hostile test).
 fn failed(error: &reqwest::Error) -> TransportResult {
     let mut kind = if error.is_timeout() {
         FailureKind::Timeout
     } else {
         FailureKind::Transport
     };
-    let mut message = error.to_string();
+    let mut message = entrega_core::text::with_causes(error);
     let mut cause: Option<&(dyn StdError + 'static)> = error.source();
     while let Some(err) = cause {
         if let Some(refused) = err.downcast_ref::<Refused>() {
@@ -180,14 +183,12 @@ fn failed(error: &reqwest::Error) -> TransportResult {
                 std::io::ErrorKind::TimedOut => kind = FailureKind::Timeout,
                 _ => {}
             }
-            message = io.to_string();
         }
         let text = err.to_string().to_ascii_lowercase();
         if kind == FailureKind::Transport
             && (text.contains("certificate") || text.contains("tls") || text.contains("handshake"))
         {
             kind = FailureKind::Tls;
-            message = err.to_string();
         }
         cause = err.source();
     }

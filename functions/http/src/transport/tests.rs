@@ -133,6 +133,29 @@ async fn a_redirect_is_reported_not_followed() {
     assert_eq!(result.failure_kind(), Some(FailureKind::Redirect));
 }
 
+/// A broken answer's record says what was wrong with it, not only that sending failed.
+#[tokio::test]
+async fn a_broken_answer_is_reported_with_its_cause() {
+    let t = HttpTransport::new(loopback_allowed());
+    for (answer, cause) in [
+        (&b"HTTP/1.1 2000 OK\r\n\r\n"[..], "status-code"),
+        (&b"HELLO THERE\r\n\r\n"[..], "HTTP version"),
+        (&b""[..], "connection closed before message completed"),
+    ] {
+        let (addr, _server) = raw_server(answer.to_vec()).await;
+        let result = t.send(&request(format!("http://{addr}/"))).await;
+        let TransportResult::Failed { kind, message } = &result else {
+            panic!("{result:?}");
+        };
+        assert_eq!(*kind, FailureKind::Transport, "{message}");
+        assert!(
+            message.starts_with("error sending request") && message.contains(cause),
+            "{:?}: {message}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+}
+
 #[tokio::test]
 async fn silence_is_a_timeout_and_a_closed_port_is_refused() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
