@@ -4,6 +4,7 @@
 
 mod arriving_body;
 pub mod cli;
+pub mod db_lock;
 pub mod fan_out;
 pub mod http_server;
 pub mod lane_slots;

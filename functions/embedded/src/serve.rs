@@ -3,7 +3,6 @@
 //! in-process runtime; the AWS backend runs the Lambda functions' handlers fed by
 //! local pollers (Lambda's event source mappings, played here).
 
-use std::fs::File;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -96,7 +95,11 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
     crate::http_server::raise_file_limit();
     match &config.backend {
         Backend::Sqlite { db, durability } => {
-            let lock = lock_database(db)?;
+            // The port first: a start that cannot listen leaves no database behind
+            // (it created an empty file at a new --db). Requests arriving while the
+            // database opens wait in the listen backlog.
+            let listener = bind(&config).await?;
+            let lock = crate::db_lock::lock_database(db)?;
             let (mut services, backlog) =
                 open_sqlite_parts(db, *durability, clock, transport).await?;
             if let Some(bytes) = config.max_db_size {
@@ -134,7 +137,6 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
                 publisher: Some(publisher),
                 fan_out: Some(inline),
             };
-            let listener = bind(&config).await?;
             // The admin key is minted only once the port is ours: a failed start must
             // not print a key and lose it.
             register_admin_key(services.store.as_ref(), config.admin_key.as_deref()).await?;
@@ -214,38 +216,6 @@ struct Probes {
     backlog: Option<EmbeddedBacklog>,
     publisher: Option<Arc<dyn entrega_http::api::Publisher>>,
     fan_out: Option<Arc<dyn AfterPublish>>,
-}
-
-/// One process per database: the lock is what makes releasing the previous process's
-/// leases at start-up safe. It is taken on the database file itself (an OS lock on
-/// its inode), not on a name: a second server reaching the same file through a
-/// symlink or a hard link finds it taken. The OS drops it when the process dies, even
-/// by `kill -9`. (`flock` locks are apart from the POSIX locks SQLite takes.)
-pub fn lock_database(db: &std::path::Path) -> Result<File, BoxError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(db)
-        .map_err(|e| {
-            format!(
-                "cannot open the database {}: {e}; choose a writable location with --db",
-                db.display()
-            )
-        })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
-            "another entrega process is using the database {} (possibly through a link \
-             to the same file); stop it, or give this one its own --db",
-            db.display()
-        )
-        .into()),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(format!("cannot lock the database {}: {e}", db.display()).into())
-        }
-    }
 }
 
 /// The SQLite adapters, with the previous process's unfinished work released (its

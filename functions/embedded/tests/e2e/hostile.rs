@@ -1,7 +1,7 @@
 //! The hostile test's findings, each a regression test: what the API confirmed stays
-//! done, one server per database file, fairness inside a tenant, backpressure, a full
-//! disk, and resends repeated or racing an attempt. (Connections and input have files
-//! of their own: `hostile_connections.rs`, `hostile_input.rs`.)
+//! done, fairness inside a tenant, backpressure, a full disk, and resends repeated or
+//! racing an attempt. (Connections, input and the database file have files of their
+//! own: `hostile_connections.rs`, `hostile_input.rs`, `hostile_db_file.rs`.)
 
 use std::time::{Duration, Instant};
 
@@ -64,32 +64,6 @@ async fn confirmed_endpoint_changes_are_never_undone_by_the_worker() {
     }
     publisher.await.unwrap();
     assert!(receiver.count() > 50, "the worker was busy meanwhile");
-}
-
-/// A second server through a symlink or a hard link to the same file is refused.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_second_server_through_a_link_to_the_same_database_is_refused() {
-    let dir = TempDir::new("links");
-    let _first = Server::start(&dir);
-    let db = dir.0.join("entrega.db");
-    let symlink = dir.0.join("symlink.db");
-    let hardlink = dir.0.join("hardlink.db");
-    std::os::unix::fs::symlink(&db, &symlink).unwrap();
-    std::fs::hard_link(&db, &hardlink).unwrap();
-    for link in [&db, &symlink, &hardlink] {
-        let out = std::process::Command::new(entrega_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(link)
-            .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{} was served twice", link.display());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("another entrega process is using the database"),
-            "{err}"
-        );
-    }
 }
 
 /// One saturated endpoint's backlog does not hold back the same tenant's other

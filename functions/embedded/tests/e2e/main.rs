@@ -14,6 +14,7 @@ mod fuzz;
 mod harness;
 mod hostile;
 mod hostile_connections;
+mod hostile_db_file;
 mod hostile_input;
 mod isolation;
 mod listen;
