@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use entrega_core::delivery::DeliveryState;
+use entrega_core::endpoint::Endpoint;
 use entrega_core::ids::DeliveryId;
 use entrega_core::retry::{CustomRetry, RetrySpec};
 use entrega_core::signature::verify;
@@ -214,7 +215,16 @@ async fn an_outbox_replay_fans_out_what_the_trigger_missed_once() {
     let s = &stack.services.clone();
     let tenant = tenant(s).await;
     let receiver = Receiver::answering(200).await;
-    let ep = endpoint(s, &tenant, receiver.url("/"), RetrySpec::default()).await;
+    // Created before the old event, as it must have been to get it.
+    let ep = Endpoint::new(
+        tenant.clone(),
+        receiver.url("/"),
+        Utc::now() - chrono::Duration::hours(3),
+    );
+    s.store
+        .create_endpoint(&ep, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+        .await
+        .unwrap();
     let mut old = event(s, &tenant, "a.b", "{}");
     old.created_at -= chrono::Duration::hours(2);
     assert!(move_lead_stage(&stack, "L0", &old, false).await);

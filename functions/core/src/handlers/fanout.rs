@@ -55,9 +55,25 @@ pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
     .await
 }
 
-/// The delivery `event` gets at each of `endpoints` that subscribes to it, as a fan-out
-/// at `now` creates it (paused at a disabled endpoint), beside its endpoint. Its id is
-/// derived from the event and the endpoint, so a second fan-out plans the same ids.
+/// How much later than an event's time an endpoint may have been created and still get
+/// it: the event's time may come from a producer's clock (the DynamoDB outbox item's
+/// `created_at`), which may run a little behind ours.
+pub const PUBLISH_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// Whether `endpoint` may have existed when `event` was published. A fan-out that runs
+/// again later (a stream read again from its start, `entrega outbox replay`) reads
+/// today's endpoints: without this, an endpoint created since got the old events (a
+/// hostile test), which no one ever sent it.
+fn existed_when_published(endpoint: &Endpoint, event: &Event) -> bool {
+    (endpoint.created_at - event.created_at)
+        .to_std()
+        .map_or(true, |later| later <= PUBLISH_CLOCK_SKEW)
+}
+
+/// The delivery `event` gets at each of `endpoints` that subscribes to it and may have
+/// existed when it was published, as a fan-out at `now` creates it (paused at a
+/// disabled endpoint), beside its endpoint. Its id is derived from the event and the
+/// endpoint, so a second fan-out plans the same ids.
 pub fn planned_deliveries<'a>(
     event: &'a Event,
     endpoints: &'a [Endpoint],
@@ -65,7 +81,7 @@ pub fn planned_deliveries<'a>(
 ) -> impl Iterator<Item = (Delivery, &'a Endpoint)> + 'a {
     endpoints
         .iter()
-        .filter(|e| e.subscribes_to(&event.event_type))
+        .filter(|e| e.subscribes_to(&event.event_type) && existed_when_published(e, event))
         .map(move |endpoint| {
             let id =
                 DeliveryId::for_event(&event.id, &endpoint.id, event.created_at.timestamp_millis());

@@ -175,6 +175,31 @@ async fn fan_out_makes_a_delivery_per_subscribed_endpoint_once_and_queues_only_w
     );
 }
 
+/// A fan-out run again later (a stream read from its start, a replay) reads today's
+/// endpoints: one created after the event gets none of it, one created within the
+/// producer's clock skew does.
+#[tokio::test]
+async fn a_fan_out_run_again_sends_nothing_to_endpoints_created_since() {
+    let (w, tenant) = world().await;
+    let before = endpoint(&w, &tenant, |_| {}).await;
+    let event = publish(&w, &tenant, "invoice.paid").await;
+    w.clock.advance(super::fanout::PUBLISH_CLOCK_SKEW);
+    let within_skew = endpoint(&w, &tenant, |_| {}).await;
+    w.clock.advance(Duration::from_secs(1));
+    let later = endpoint(&w, &tenant, |_| {}).await;
+    assert_eq!(fan_out(&w.services, &event).await.unwrap(), 2);
+    let made: Vec<_> = deliveries(&w, &event)
+        .await
+        .into_iter()
+        .map(|d| d.endpoint_id)
+        .collect();
+    assert!(
+        made.contains(&before.id) && made.contains(&within_skew.id),
+        "{made:?}"
+    );
+    assert!(!made.contains(&later.id), "invented for {}", later.id);
+}
+
 #[tokio::test]
 async fn a_failure_is_recorded_once_with_its_payload_and_its_side_effects_happen_once() {
     let (mut w, tenant) = world().await;
