@@ -19,10 +19,16 @@ import threading
 
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
-    MotoRequestHandler,
     create_backend_app,
 )
 from werkzeug.serving import run_simple
+
+try:
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+except ImportError:
+    # Before moto 5.2.5: werkzeug's own handler. Moto's keeps S3 metadata headers
+    # spelled with underscores, which Entrega never sends.
+    MotoRequestHandler = None
 
 # DynamoDB and DynamoDB Streams requests name their operation in this header.
 TARGET_HEADER = "HTTP_X_AMZ_TARGET"

@@ -9,7 +9,6 @@
 //! - schedules that are due → their input sent to the target queue, then deleted
 //!   (emulators store schedules but never fire them).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
@@ -26,6 +25,7 @@ use crate::lambda::{
 };
 use crate::outbox::scalar_json;
 use crate::resources::AwsResources;
+use crate::stream_checkpoints::StreamCheckpoints;
 
 /// Records per stream read, as a stream event source mapping's batch size.
 const STREAM_BATCH: i32 = 100;
@@ -82,8 +82,11 @@ impl Emulation {
     async fn stream_loop(self, shutdown: watch::Receiver<bool>) {
         let streams = self.clients.streams.clone();
         let dynamo = self.clients.dynamo.clone();
-        // Per shard: the sequence number to resume after.
-        let checkpoints = tokio::sync::Mutex::new(HashMap::<String, String>::new());
+        // Per shard: the sequence number to resume after, kept across restarts.
+        let checkpoints = tokio::sync::Mutex::new(StreamCheckpoints::new(
+            dynamo.clone(),
+            self.resources.main_table.clone(),
+        ));
         poll_until_stopped(
             shutdown,
             IDLE,
@@ -107,7 +110,7 @@ impl Emulation {
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         streams: &aws_sdk_dynamodbstreams::Client,
-        checkpoints: &mut HashMap<String, String>,
+        checkpoints: &mut StreamCheckpoints,
     ) -> Result<usize, String> {
         let table = dynamo
             .describe_table()
@@ -141,7 +144,7 @@ impl Emulation {
                 .get_shard_iterator()
                 .stream_arn(&arn)
                 .shard_id(&shard);
-            iterator = match checkpoints.get(&shard) {
+            iterator = match checkpoints.get(&shard).await? {
                 Some(seq) => iterator
                     .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
                     .sequence_number(seq),
@@ -199,7 +202,7 @@ impl Emulation {
                 .take_while(|r| Some(&r.sequence_number) != failed.as_ref());
             if let Some(last) = done.last() {
                 handled += 1;
-                checkpoints.insert(shard.clone(), last.sequence_number.clone());
+                checkpoints.set(&shard, &last.sequence_number).await?;
             }
         }
         Ok(handled)

@@ -15,6 +15,7 @@ pub mod resources;
 pub mod scheduler;
 pub mod sns;
 pub mod sqs;
+pub mod stream_checkpoints;
 
 /// The Lambda event types, for the function binaries.
 pub use aws_lambda_events;

@@ -117,6 +117,12 @@ pub fn tenant_endpoint_count(tenant: &TenantId) -> String {
     format!("EP_COUNT#{tenant}")
 }
 
+/// Where the local emulation of the outbox stream's event source mapping resumes in
+/// `shard` ([`crate::stream_checkpoints`]; on AWS, Lambda keeps its own).
+pub fn stream_checkpoint(shard: &str) -> String {
+    format!("STREAM_CHECKPOINT#{shard}")
+}
+
 /// A delivery item's key: its day's log partition (a shard chosen by its id), sorted
 /// by id, so the admin's log of every tenant is the table read newest first and
 /// costs no index entry. Both parts come from the id (it carries its time).

@@ -24,6 +24,7 @@
 //! | a tenant's endpoints (fan-out, list) | gsi1 `TENANT_EP#<tenant>` | Query + BatchGet |
 //! | create / delete an endpoint within the tenant's limit | main `EP_COUNT#<tenant>` with `EP#<id>` | transaction: ADD to the count if under the limit (the first count: Put if absent, from the tenant's listing) with a Put if absent; Delete if present with ADD −1 |
 //! | all endpoints (admin) | gsi3 `ALL_EP` | Query + BatchGet |
+//! | the local emulation's place in each outbox stream shard (never on AWS, where Lambda keeps it) | main `STREAM_CHECKPOINT#<shard>` | consistent Get at start; Put after each batch |
 //! | create a delivery (fan-out) | main `D#<day>#<0..3f>`, `sk` = its id (both from the id) | Put if absent |
 //! | read / save a delivery (worker, resend) | the same | consistent Get; Put conditional on `version` |
 //! | append attempts, list a delivery's attempts | main `DLV#<id>`, `sk` = `ATT#<gen>#<n>#<id>` | Put; Query |

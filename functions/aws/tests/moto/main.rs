@@ -7,6 +7,7 @@ mod harness;
 mod lambda_events;
 mod operations;
 mod provisioning;
+mod restart;
 mod retries;
 mod support;
 mod sweep;
