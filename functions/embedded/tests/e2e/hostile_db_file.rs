@@ -1,9 +1,37 @@
 //! The hostile tests' findings about the database file: one server per file, whatever
 //! name reaches it, and a file opened only by the name its unfinished log is under.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::harness::*;
+
+/// How long a start that is refused may take to end: one still running after this
+/// was served, and is killed so the test fails instead of hanging.
+const REFUSED_WITHIN: Duration = Duration::from_secs(15);
+
+/// `entrega serve` on `db` and `listen`, which must be refused: what it said on stderr.
+fn serve_refused(db: &Path, listen: &str) -> String {
+    let mut child = std::process::Command::new(entrega_bin())
+        .args(["serve", "--listen", listen, "--db"])
+        .arg(db)
+        .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > REFUSED_WITHIN {
+            let _ = child.kill();
+            panic!("{} was served, not refused", db.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{} was served", db.display());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
 
 /// A second server through a symlink or a hard link to the same file is refused.
 #[tokio::test(flavor = "multi_thread")]
@@ -16,14 +44,7 @@ async fn a_second_server_through_a_link_to_the_same_database_is_refused() {
     std::os::unix::fs::symlink(&db, &symlink).unwrap();
     std::fs::hard_link(&db, &hardlink).unwrap();
     for link in [&db, &symlink, &hardlink] {
-        let out = std::process::Command::new(entrega_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(link)
-            .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{} was served twice", link.display());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = serve_refused(link, "127.0.0.1:0");
         assert!(
             err.contains("another entrega process is using the database"),
             "{err}"
@@ -43,29 +64,7 @@ async fn a_crashed_database_is_not_opened_by_another_name_of_it() {
     let db = dir.0.join("entrega.db");
     let hardlink = dir.0.join("hardlink.db");
     std::fs::hard_link(&db, &hardlink).unwrap();
-    // A start that is refused ends at once; one still running after 15 s was not.
-    let serve = |db: &std::path::Path, listen: &str| {
-        let mut child = std::process::Command::new(entrega_bin())
-            .args(["serve", "--listen", listen, "--db"])
-            .arg(db)
-            .env("ENTREGA_ADMIN_KEY", ADMIN_KEY)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = std::time::Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if started.elapsed() > Duration::from_secs(15) {
-                let _ = child.kill();
-                panic!("{} was served, not refused", db.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
-    };
-    let out = serve(&hardlink, "127.0.0.1:0");
-    assert!(!out.status.success(), "served through the hard link");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_refused(&hardlink, "127.0.0.1:0");
     assert!(
         err.contains("is the same file as") && err.contains(&format!("--db {}", db.display())),
         "{err}"
@@ -79,13 +78,8 @@ async fn a_crashed_database_is_not_opened_by_another_name_of_it() {
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let fresh = dir.0.join("never.db");
-    let out = serve(&fresh, &taken.local_addr().unwrap().to_string());
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot listen"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = serve_refused(&fresh, &taken.local_addr().unwrap().to_string());
+    assert!(err.contains("cannot listen"), "{err}");
     assert!(
         !fresh.exists(),
         "a start that could not listen made {}",
