@@ -5,18 +5,24 @@
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use entrega_core::endpoint::Endpoint;
+use entrega_core::event::Event;
 use entrega_core::handlers::failures::handle_failure;
-use entrega_core::handlers::fanout::fan_out;
+use entrega_core::handlers::fanout::fan_out_to;
 use entrega_core::handlers::worker::{handle_delivery, Disposition};
-use entrega_core::ports::{Hooked, MessageQueue, OutgoingMessage, Services};
+use entrega_core::ids::TenantId;
+use entrega_core::ports::{Hooked, MessageQueue, OutgoingMessage, Services, StoreResult};
 use entrega_runtime::Settlement;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
 
 use crate::batch_buffers::{BacklogBuffer, SendBuffer};
-use crate::outbox::event_from_dynamo_json;
+use crate::outbox::{event_from_dynamo_json, OutboxError};
 use crate::sqs::SEND_BATCH;
 
 /// One stream record as the outbox trigger needs it.
@@ -42,14 +48,20 @@ pub fn outbox_records(event: aws_lambda_events::event::dynamodb::Event) -> Vec<O
         .collect()
 }
 
-/// The outbox trigger. Records are handled in order; on a failure the rest of the
-/// batch is reported from the failed record on (a stream is ordered: Lambda retries
-/// from that sequence number, and fan-out is idempotent for the ones replayed).
+/// The outbox trigger. Records are fanned out [`FAN_OUTS_AT_ONCE`] at a time, in
+/// stream order from one group to the next; on a failure the batch is reported from
+/// the first failed record of its group on (a stream is ordered: Lambda retries from
+/// that sequence number, and fan-out is idempotent for the ones replayed).
 ///
-/// The records' delivery messages are held and sent ten to a call ([`SendBuffer`]):
-/// once at least ten are held, and at the end. A record counts as done only once its
-/// messages are sent, so a failed send reports the batch from the first record whose
-/// messages were held.
+/// Why at once: each fan-out waits for its store calls (the tenant's endpoints, a
+/// conditional create per endpoint), a few milliseconds each on AWS; one after
+/// another, a stream shard fanned out a few hundred events a second, and one tenant's
+/// burst held every other tenant's events behind it for as long as it took.
+///
+/// Each tenant's endpoints are read once for the batch ([`BatchEndpoints`]). The
+/// records' delivery messages are held and sent when their group is done, ten to a
+/// call ([`SendBuffer`]). A record counts as done only once its messages are sent, so
+/// a failed send reports the batch from the group's first record.
 pub async fn outbox_batch(
     services: &Services,
     quarantine: &dyn MessageQueue,
@@ -68,6 +80,10 @@ pub async fn outbox_batch(
     response
 }
 
+/// Records fanned out at once: as many as one send takes messages when each event
+/// has one endpoint, so a group's messages are one `SendMessageBatch`.
+const FAN_OUTS_AT_ONCE: usize = SEND_BATCH;
+
 async fn fan_out_records(
     batched: &Services,
     buffer: &SendBuffer,
@@ -75,13 +91,14 @@ async fn fan_out_records(
     records: Vec<OutboxRecord>,
 ) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
-    // The first record whose messages are held, not yet sent.
-    let mut unsent_from: Option<String> = None;
-    let fail_from = |response: &mut DynamoDbEventResponse, sequence: String| {
+    let fail_from = |mut response: DynamoDbEventResponse, sequence: String| {
         let mut failure = DynamoDbBatchItemFailure::default();
         failure.item_identifier = Some(sequence);
         response.batch_item_failures.push(failure);
+        response
     };
+    let endpoints = BatchEndpoints::default();
+    let mut group: Vec<(String, Event)> = Vec::with_capacity(FAN_OUTS_AT_ONCE);
     for record in records {
         // Only inserts are events; TTL removals and updates never trigger anything.
         if record.event_name != "INSERT" {
@@ -95,80 +112,119 @@ async fn fan_out_records(
                 // outbox DLQ (alarmed) with the reason, so nothing vanishes unseen; if
                 // even that fails, the batch stops here and Lambda retries it.
                 //
-                // What earlier records hold is sent first: a replay from before this
-                // record would quarantine it (and count it) twice.
-                if let Some(from) = flush(buffer, &mut unsent_from).await {
-                    fail_from(&mut response, from);
-                    return response;
+                // The records before it are fanned out and sent first: a replay from
+                // before this record would quarantine it (and count it) twice.
+                let before = std::mem::take(&mut group);
+                if let Some(from) = fan_out_group(batched, buffer, &endpoints, before).await {
+                    return fail_from(response, from);
                 }
-                tracing::error!(sequence = %record.sequence_number, error = %e, "quarantining a malformed outbox item");
-                let message = OutgoingMessage {
-                    body: serde_json::json!({
-                        "kind": "malformed_outbox_item",
-                        "reason": e.to_string(),
-                        "sequence_number": record.sequence_number,
-                        "new_image": record.new_image,
-                    })
-                    .to_string(),
-                    group: "outbox".into(),
-                    delay: std::time::Duration::ZERO,
-                    concurrency_key: None,
-                    concurrency_limit: 0,
-                };
-                if let Err(e) = quarantine.send(vec![message]).await {
-                    // Nothing is held: what came before was sent just above.
-                    tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
-                    fail_from(&mut response, record.sequence_number);
-                    return response;
+                if !quarantined(batched, quarantine, &record, &e).await {
+                    return fail_from(response, record.sequence_number);
                 }
-                batched.metrics.outbox_item_refused();
                 continue;
             }
         };
-        if let Err(e) = fan_out(batched, &event).await {
-            tracing::error!(event_id = %event.id, error = %e, "fan-out failed; the batch resumes here");
-            let from = flushed_or(buffer, &mut unsent_from, record.sequence_number).await;
-            fail_from(&mut response, from);
-            return response;
-        }
-        if buffer.held() > 0 && unsent_from.is_none() {
-            unsent_from = Some(record.sequence_number);
-        }
-        if buffer.held() >= SEND_BATCH {
-            if let Some(from) = flush(buffer, &mut unsent_from).await {
-                fail_from(&mut response, from);
-                return response;
+        group.push((record.sequence_number, event));
+        if group.len() == FAN_OUTS_AT_ONCE {
+            let full = std::mem::take(&mut group);
+            if let Some(from) = fan_out_group(batched, buffer, &endpoints, full).await {
+                return fail_from(response, from);
             }
         }
     }
-    if let Some(from) = flush(buffer, &mut unsent_from).await {
-        fail_from(&mut response, from);
+    if let Some(from) = fan_out_group(batched, buffer, &endpoints, group).await {
+        response = fail_from(response, from);
     }
     response
 }
 
-/// Send what the buffer holds; on a failure, the record to report the batch from.
-async fn flush(buffer: &SendBuffer, unsent_from: &mut Option<String>) -> Option<String> {
+/// Fan `group` out at once, then send the messages it made; the record to replay the
+/// batch from, if any of it failed. The messages of the records that were fanned out
+/// go out even when one failed: records after it are replayed all the same, and find
+/// their deliveries made and queued (the worker tolerates the duplicate message).
+async fn fan_out_group(
+    batched: &Services,
+    buffer: &SendBuffer,
+    endpoints: &BatchEndpoints,
+    group: Vec<(String, Event)>,
+) -> Option<String> {
+    let first = group.first()?.0.clone();
+    let results = join_all(group.iter().map(|(_, event)| async move {
+        let listed = endpoints.of(batched, &event.tenant_id).await?;
+        fan_out_to(batched, event, &listed).await
+    }))
+    .await;
+    let failed = group.iter().zip(&results).find_map(|((sequence, event), result)| {
+        let e = result.as_ref().err()?;
+        tracing::error!(event_id = %event.id, error = %e, "fan-out failed; the batch resumes here");
+        Some(sequence.clone())
+    });
     match buffer.flush().await {
-        Ok(()) => {
-            *unsent_from = None;
-            None
-        }
+        Ok(()) => failed,
         Err(e) => {
             tracing::error!(error = %e, "sending the batch's delivery messages failed; the batch resumes at the first record they came from");
-            unsent_from.take()
+            Some(first)
         }
     }
 }
 
-/// Record `failed` failed: send what the records before it queued, and report the
-/// batch from `failed`, or from an earlier record whose messages did not go out.
-async fn flushed_or(
-    buffer: &SendBuffer,
-    unsent_from: &mut Option<String>,
-    failed: String,
-) -> String {
-    flush(buffer, unsent_from).await.unwrap_or(failed)
+/// Send a malformed outbox item to the outbox DLQ with why it was refused; `false` if
+/// the DLQ refused it too.
+async fn quarantined(
+    batched: &Services,
+    quarantine: &dyn MessageQueue,
+    record: &OutboxRecord,
+    error: &OutboxError,
+) -> bool {
+    tracing::error!(sequence = %record.sequence_number, error = %error, "quarantining a malformed outbox item");
+    let message = OutgoingMessage {
+        body: serde_json::json!({
+            "kind": "malformed_outbox_item",
+            "reason": error.to_string(),
+            "sequence_number": record.sequence_number,
+            "new_image": record.new_image,
+        })
+        .to_string(),
+        group: "outbox".into(),
+        delay: std::time::Duration::ZERO,
+        concurrency_key: None,
+        concurrency_limit: 0,
+    };
+    if let Err(e) = quarantine.send(vec![message]).await {
+        tracing::error!(error = %e, "the outbox DLQ refused a malformed item; the batch resumes here");
+        return false;
+    }
+    batched.metrics.outbox_item_refused();
+    true
+}
+
+/// Each tenant's endpoints, read once for a stream batch. Every event in the batch was
+/// published before the batch was read, so a list read after that holds every
+/// endpoint any of them may go to (read per event, a batch of one tenant's events
+/// read the same list a hundred times, each a query and a batch read).
+#[derive(Default)]
+struct BatchEndpoints(Mutex<HashMap<TenantId, Arc<TenantEndpoints>>>);
+
+/// One tenant's endpoints, once read.
+type TenantEndpoints = OnceCell<Arc<Vec<Endpoint>>>;
+
+impl BatchEndpoints {
+    async fn of(&self, services: &Services, tenant: &TenantId) -> StoreResult<Arc<Vec<Endpoint>>> {
+        let cell = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.clone())
+            .or_default()
+            .clone();
+        // Concurrent records of one tenant wait for one read; a failed read is tried
+        // again by the next record that asks.
+        cell.get_or_try_init(|| async {
+            services.store.tenant_endpoints(tenant).await.map(Arc::new)
+        })
+        .await
+        .cloned()
+    }
 }
 
 /// The delivery worker over an SQS batch, every message at once: each endpoint's cap

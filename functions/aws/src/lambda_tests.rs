@@ -332,3 +332,106 @@ async fn a_malformed_item_is_quarantined_once_after_what_came_before_is_sent() {
     assert_eq!(failures, ["001"]);
     assert!(parked.is_empty(), "not quarantined before the replay");
 }
+
+#[tokio::test]
+async fn a_batchs_records_are_fanned_out_ten_at_once() {
+    let Published {
+        world,
+        queue,
+        events,
+        records,
+        ..
+    } = published(25).await;
+    world.store.yield_in_delivery_creates();
+    let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(
+        world.store.most_creates_under_way(),
+        FAN_OUTS_AT_ONCE,
+        "a group's fan-outs wait for the store together, and no more than a group"
+    );
+    assert_eq!(world.deliveries.len(), 25, "every event's message queued");
+    assert_eq!(
+        queue.calls.load(Ordering::SeqCst),
+        3,
+        "a group's messages in one send (10, 10, 5)"
+    );
+    for event in &events {
+        let made = world
+            .services
+            .store
+            .deliveries_of_event(event)
+            .await
+            .unwrap();
+        assert_eq!(made.len(), 1, "one delivery per event");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_reads_each_tenants_endpoints_once() {
+    let Published { world, records, .. } = published(23).await;
+    let before = world.store.endpoint_list_reads();
+    let response = outbox_batch(&world.services, quarantine(&world).as_ref(), records).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(world.deliveries.len(), 23);
+    assert_eq!(
+        world.store.endpoint_list_reads() - before,
+        1,
+        "23 events of one tenant: its endpoints read once, not once an event"
+    );
+}
+
+#[tokio::test]
+async fn a_record_failing_in_a_group_replays_the_batch_from_it() {
+    let Published {
+        world,
+        events,
+        records,
+        ..
+    } = published(10).await;
+    world.store.yield_in_delivery_creates();
+    world
+        .store
+        .fail_creates_for_event(Some(events[3].id.clone()));
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        records.clone(),
+    )
+    .await;
+    assert_eq!(
+        failed_from(&response),
+        ["004"],
+        "Lambda replays from the failed record, the first of its group to fail"
+    );
+    assert_eq!(
+        world.deliveries.len(),
+        9,
+        "the others in its group were fanned out and their messages sent"
+    );
+
+    world.store.fail_creates_for_event(None);
+    let response = outbox_batch(
+        &world.services,
+        quarantine(&world).as_ref(),
+        records[3..].to_vec(),
+    )
+    .await;
+    assert!(response.batch_item_failures.is_empty());
+    for event in &events {
+        let made = world
+            .services
+            .store
+            .deliveries_of_event(event)
+            .await
+            .unwrap();
+        assert_eq!(made.len(), 1, "one delivery per event, replay or not");
+    }
+    let queued: std::collections::HashSet<String> = world
+        .deliveries
+        .bodies()
+        .iter()
+        .map(|body| serde_json::from_str::<Value>(body).unwrap()["delivery_id"].to_string())
+        .collect();
+    assert_eq!(queued.len(), 10, "every event's delivery queued");
+}

@@ -227,6 +227,11 @@ fn scheduler_topic_and_function_wiring() {
         .unwrap()
         .contains("INSERT"));
     assert_eq!(trigger["BisectBatchOnFunctionError"].as_bool(), Some(true));
+    assert_eq!(
+        trigger["ParallelizationFactor"].as_u64(),
+        Some(10),
+        "a shard's batches are fanned out side by side"
+    );
     for (id, f) in &functions {
         if let Some(events) = f["Properties"]["Events"].as_mapping() {
             for (_, e) in events {

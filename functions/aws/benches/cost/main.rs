@@ -53,6 +53,21 @@ const LAMBDA_MEMORY_MB: f64 = 256.0;
 const LAMBDA_MS_PER_INVOCATION: f64 = 40.0;
 /// The event payload: 1 KiB.
 const PAYLOAD_BYTES: usize = 1024;
+/// Endpoints the events are spread over (each takes one event type), so none gets
+/// more at once than its share of the worker takes.
+const SPREAD_OVER: usize = 10;
+
+/// Where the producer's events go; either way every event is committed before the
+/// fan-out starts, so the stream's batches are full, as at production rates.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// Over [`SPREAD_OVER`] endpoints of one tenant: what is priced is a delivery.
+    Spread,
+    /// All to one endpoint: it gets them faster than its share of the worker (a
+    /// quarter) takes them, and the rest wait for slots (each wait a visibility
+    /// change, a slot asked for, the records read again).
+    OneEndpoint,
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -61,10 +76,16 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     println!("Entrega on AWS: the cost of {n} deliveries (1 KiB payload), metered on moto\n");
-    let first = run(n, false).await;
+    let first = run(n, false, Shape::Spread).await;
     report("first attempt succeeds", n, &first);
-    let retried = run(n / 2, true).await;
+    let retried = run(n / 2, true, Shape::Spread).await;
     report("one retry (503, then 200 a second later)", n / 2, &retried);
+    let burst = run(n, false, Shape::OneEndpoint).await;
+    report(
+        "first attempt succeeds, every event to one endpoint",
+        n,
+        &burst,
+    );
 }
 
 struct Run {
@@ -101,7 +122,7 @@ async fn receiver(fail_first: bool) -> (String, Arc<Mutex<(usize, HashSet<String
     (url, seen)
 }
 
-async fn run(n: usize, fail_first: bool) -> Run {
+async fn run(n: usize, fail_first: bool, shape: Shape) -> Run {
     let moto = Moto::start();
     let sdk = entrega_aws::resources::sdk_defaults()
         .endpoint_url(&moto.endpoint)
@@ -150,29 +171,36 @@ async fn run(n: usize, fail_first: bool) -> Run {
         created_at: chrono::Utc::now(),
     };
     setup.store.create_tenant(&tenant, "hash").await.unwrap();
-    let endpoint = Endpoint {
-        retry: RetrySpec::Custom(CustomRetry {
-            delays_s: vec![1],
-            jitter: 0.0,
-            retry_4xx: false,
-        }),
-        max_concurrency: 64,
-        ..Endpoint::new(tenant.id.clone(), url, chrono::Utc::now())
+    let endpoints = match shape {
+        Shape::Spread => SPREAD_OVER,
+        Shape::OneEndpoint => 1,
     };
-    setup
-        .store
-        .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
-        .await
-        .unwrap();
+    for i in 0..endpoints {
+        let endpoint = Endpoint {
+            retry: RetrySpec::Custom(CustomRetry {
+                delays_s: vec![1],
+                jitter: 0.0,
+                retry_4xx: false,
+            }),
+            max_concurrency: 64,
+            event_types: vec![event_type(i)],
+            ..Endpoint::new(tenant.id.clone(), url.clone(), chrono::Utc::now())
+        };
+        setup
+            .store
+            .create_endpoint(&endpoint, entrega_core::endpoint::MAX_ENDPOINTS_PER_TENANT)
+            .await
+            .unwrap();
+    }
 
     // The producer's side: one outbox item per event, each in its own transaction.
     let payload = format!(r#"{{"pad":"{}"}}"#, "x".repeat(PAYLOAD_BYTES - 10));
     let mut outbox_item_bytes = 0;
-    for _ in 0..n {
+    for i in 0..n {
         let event = Event {
             id: EventId::generate(),
             tenant_id: tenant.id.clone(),
-            event_type: "lead.stage_changed".into(),
+            event_type: event_type(i % endpoints),
             payload: payload.clone(),
             created_at: chrono::Utc::now(),
         };
@@ -208,6 +236,11 @@ async fn run(n: usize, fail_first: bool) -> Run {
         producer: producer_meter.take(),
         outbox_item_bytes,
     }
+}
+
+/// The event type the `i`th endpoint takes.
+fn event_type(i: usize) -> String {
+    format!("lead.stage_changed.{i}")
 }
 
 async fn wait_delivered(

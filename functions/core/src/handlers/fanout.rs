@@ -22,14 +22,25 @@ use super::task::DeliveryTask;
 
 /// Fan `event` out; returns how many deliveries it has (new or found).
 pub async fn fan_out(services: &Services, event: &Event) -> StoreResult<usize> {
+    let endpoints = services.store.tenant_endpoints(&event.tenant_id).await?;
+    fan_out_to(services, event, &endpoints).await
+}
+
+/// Fan `event` out to `endpoints`, its tenant's endpoints as read after the event was
+/// published (a batch of stream records reads each tenant's once: every event in it
+/// was published before the batch was read).
+pub async fn fan_out_to(
+    services: &Services,
+    event: &Event,
+    endpoints: &[Endpoint],
+) -> StoreResult<usize> {
     let span = info_span!("fan_out", event_id = %event.id, tenant_id = %event.tenant_id);
     async {
         let now = services.clock.now();
-        let endpoints = services.store.tenant_endpoints(&event.tenant_id).await?;
         let mut messages = Vec::new();
         let mut count = 0;
         let mut waiting = 0;
-        for (fresh, endpoint) in planned_deliveries(event, &endpoints, now) {
+        for (fresh, endpoint) in planned_deliveries(event, endpoints, now) {
             let (stored, created) = services.store.create_delivery_if_absent(&fresh).await?;
             count += 1;
             if created && stored.state == DeliveryState::Paused {

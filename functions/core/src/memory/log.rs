@@ -12,6 +12,25 @@ use crate::ports::{DeliveryQuery, DeliveryStore, FailureStore, Page, StoreError,
 
 use super::store::{page_desc, MemoryStore};
 
+/// A future that is pending once (asking to be polled again at once), then ready.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
 /// Failure records returned for one delivery at most (as the SQLite store).
 const MAX_FAILURES_PER_DELIVERY: usize = 1000;
 
@@ -21,7 +40,21 @@ impl DeliveryStore for MemoryStore {
         &self,
         delivery: &Delivery,
     ) -> StoreResult<(Delivery, bool)> {
+        let yields = {
+            let probes = &mut self.data().probes;
+            probes.creates_under_way += 1;
+            probes.most_creates_under_way =
+                probes.most_creates_under_way.max(probes.creates_under_way);
+            probes.create_yields
+        };
+        if yields {
+            YieldOnce(false).await;
+        }
         let mut data = self.data();
+        data.probes.creates_under_way -= 1;
+        if data.probes.failing_event.as_ref() == Some(&delivery.event_id) {
+            return Err(StoreError::Backend("throttled".into()));
+        }
         if let Some(stored) = data.deliveries.get(delivery.id.as_str()) {
             return Ok((stored.clone(), false));
         }

@@ -53,6 +53,21 @@ pub(super) struct Data {
     listed_endpoints: Option<BTreeMap<String, Endpoint>>,
     /// Whether preparing a sweep fails ([`MemoryStore::fail_sweep_preparation`]).
     pub(super) sweep_preparation_fails: bool,
+    /// What tests observe of the calls made ([`MemoryStore::yield_in_delivery_creates`]).
+    pub(super) probes: Probes,
+}
+
+/// Calls counted for tests: how many endpoint lists were read, and how many delivery
+/// creates were under way at once (each yields once when `create_yields`, so creates
+/// made concurrently overlap, as on a store across a network).
+#[derive(Default)]
+pub(super) struct Probes {
+    endpoint_list_reads: usize,
+    pub(super) create_yields: bool,
+    /// Creates of this event's deliveries fail ([`MemoryStore::fail_creates_for_event`]).
+    pub(super) failing_event: Option<EventId>,
+    pub(super) creates_under_way: usize,
+    pub(super) most_creates_under_way: usize,
 }
 
 /// The in-memory store; cheap to clone (shared).
@@ -92,6 +107,29 @@ impl MemoryStore {
     /// store's scan for deliveries left out of its due index can (throttled).
     pub fn fail_sweep_preparation(&self, fails: bool) {
         self.data().sweep_preparation_fails = fails;
+    }
+
+    /// From now on, each delivery create yields to the caller's other work once
+    /// before it is made, so creates made concurrently are seen under way together
+    /// ([`Self::most_creates_under_way`]).
+    pub fn yield_in_delivery_creates(&self) {
+        self.data().probes.create_yields = true;
+    }
+
+    /// From now on, creating a delivery of `event` fails as a throttled store does
+    /// (`None`: none fails).
+    pub fn fail_creates_for_event(&self, event: Option<EventId>) {
+        self.data().probes.failing_event = event;
+    }
+
+    /// The most delivery creates that were under way at once.
+    pub fn most_creates_under_way(&self) -> usize {
+        self.data().probes.most_creates_under_way
+    }
+
+    /// How many times a tenant's endpoint list was read.
+    pub fn endpoint_list_reads(&self) -> usize {
+        self.data().probes.endpoint_list_reads
     }
 
     fn now_secs(&self) -> i64 {
@@ -279,7 +317,8 @@ impl EndpointStore for MemoryStore {
     }
 
     async fn tenant_endpoints(&self, tenant: &TenantId) -> StoreResult<Vec<Endpoint>> {
-        let data = self.data();
+        let mut data = self.data();
+        data.probes.endpoint_list_reads += 1;
         Ok(data
             .listed_endpoints
             .as_ref()
