@@ -354,3 +354,28 @@ fn the_account_is_protected_and_permissions_are_named() {
         );
     }
 }
+
+/// The shortest retention the stack accepts outlasts every preset's retries at their
+/// latest (each delay at its upper jitter bound): an event expires that long after it
+/// was published, and a preset's retry must still find it.
+#[test]
+fn the_shortest_retention_outlasts_the_presets_retries() {
+    use entrega_core::retry::{RetryPreset, RetrySpec};
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let days = doc["Parameters"]["RetentionDays"]["MinValue"]
+        .as_u64()
+        .expect("RetentionDays has a MinValue");
+    for preset in [RetryPreset::Standard, RetryPreset::Persistent] {
+        let policy = RetrySpec::Preset(preset).policy().unwrap();
+        let latest: f64 = policy
+            .delays()
+            .iter()
+            .map(|d| d.as_secs_f64() * (1.0 + policy.jitter()))
+            .sum();
+        assert!(
+            latest < (days * 86_400) as f64,
+            "{preset:?}: the last retry {latest} s after the event, past the shortest retention ({days} days)"
+        );
+    }
+}

@@ -256,12 +256,31 @@ pub const ENDPOINT_DELETED_ERROR: &str = "the endpoint was deleted";
 /// purpose, with no failure notice (nobody is left to receive it). `None` when the
 /// delivery had already ended.
 pub fn endpoint_deleted(delivery: &Delivery, now: DateTime<Utc>) -> Option<Delivery> {
+    ended_unsent(delivery, ENDPOINT_DELETED_ERROR, now)
+}
+
+/// Why a delivery whose event is gone ended.
+pub const EVENT_GONE_ERROR: &str =
+    "its event is gone (past the retention period since it was published): nothing to send";
+
+/// The delivery's event is no longer stored (on AWS an event is kept for the
+/// retention period from its publication, and a delivery may wait longer: behind an
+/// endpoint disabled for longer, or on a custom schedule that long). There is nothing
+/// to send, ever: a waiting delivery ends as failed, saying why, rather than being
+/// tried until its attempts run out, each recorded as an attempt that never was.
+/// `None` when the delivery had already ended.
+pub fn event_gone(delivery: &Delivery, now: DateTime<Utc>) -> Option<Delivery> {
+    ended_unsent(delivery, EVENT_GONE_ERROR, now)
+}
+
+/// A waiting delivery ended as failed for `reason`, with no attempt.
+fn ended_unsent(delivery: &Delivery, reason: &str, now: DateTime<Utc>) -> Option<Delivery> {
     if delivery.state.is_terminal() {
         return None;
     }
     let mut next = delivery.clone();
     next.state = DeliveryState::Failed;
-    next.last_error = Some(ENDPOINT_DELETED_ERROR.into());
+    next.last_error = Some(reason.into());
     next.next_attempt_at = None;
     next.lease_until = None;
     next.updated_at = now;

@@ -92,7 +92,7 @@ async fn deliver(
             if let Some(wait) = before_resend_write(task, &delivery, now) {
                 return Ok(wait);
             }
-            return endpoint_deleted(services, &delivery).await;
+            return ended_unsent(services, &delivery, state_machine::endpoint_deleted).await;
         }
         Found::Both(delivery, endpoint) => (delivery, *endpoint),
     };
@@ -117,11 +117,24 @@ async fn deliver(
         task,
         endpoint: &endpoint,
         policy: &policy,
+        event: None,
         slots: None,
     };
     if !step.sends() {
         return attempt.run(services, &delivery, step).await;
     }
+    // Read before anything is written for the attempt: with the event gone, a lease
+    // written first ran out unanswered at every receive, and each was recorded as an
+    // interrupted attempt until the schedule was used up (a hostile test).
+    let Some(event) = services
+        .store
+        .get_event(&delivery.tenant_id, &delivery.event_id)
+        .await?
+    else {
+        tracing::error!(event_id = %delivery.event_id, "the event of a waiting delivery is gone; the delivery ends failed");
+        return ended_unsent(services, &delivery, state_machine::event_gone).await;
+    };
+    attempt.event = Some(&event);
     // The slot is taken before the "delivering" write: a busy endpoint leaves the
     // delivery as it was, and its message comes back later, instead of holding a
     // delivery lease nobody is using.
@@ -240,6 +253,8 @@ struct Attempting<'a> {
     task: &'a DeliveryTask,
     endpoint: &'a Endpoint,
     policy: &'a RetryPolicy,
+    /// The event its request carries, read before the step was written.
+    event: Option<&'a crate::event::Event>,
     /// The slots its request holds, given back once the response is in.
     slots: Option<&'a HeldSlots>,
 }
@@ -328,17 +343,13 @@ impl Attempting<'_> {
 
     /// Sign and send the request for `delivery`; what came of it.
     async fn send(&self, services: &Services, delivery: &Delivery) -> StoreResult<AttemptReport> {
-        let event = services
-            .store
-            .get_event(&delivery.tenant_id, &delivery.event_id)
-            .await?
-            .ok_or_else(|| {
-                StoreError::Backend(format!(
-                    "event {} of a delivery is missing",
-                    delivery.event_id
-                ))
-            })?;
-        let request = signed_request(self.endpoint, &event, services.clock.now());
+        let event = self.event.ok_or_else(|| {
+            StoreError::Backend(format!(
+                "event {} of a delivery was not read",
+                delivery.event_id
+            ))
+        })?;
+        let request = signed_request(self.endpoint, event, services.clock.now());
         let started_at = services.clock.now();
         let result = services.transport.send(&request).await;
         // Measured on the clock port, as every time here: under a simulated clock an
@@ -354,7 +365,7 @@ impl Attempting<'_> {
             duration,
             result,
         };
-        record_metrics(services, delivery, &event, &report, services.clock.now());
+        record_metrics(services, delivery, event, &report, services.clock.now());
         Ok(report)
     }
 
@@ -422,13 +433,18 @@ fn record_metrics(
     });
 }
 
-/// The endpoint was deleted by its owner: the state machine ends the delivery.
+/// The endpoint was deleted by its owner, or the event is gone: the state machine
+/// (`end`) ends the delivery unsent.
 ///
 /// A concurrent change keeps the message: it may be a resend that wrote its generation
 /// after this read and whose own message this is. Dropped, that resend's delivery
 /// stayed pending with nothing queued; kept, it comes back and is ended on a fresh read.
-async fn endpoint_deleted(services: &Services, delivery: &Delivery) -> StoreResult<Disposition> {
-    if let Some(next) = state_machine::endpoint_deleted(delivery, services.clock.now()) {
+async fn ended_unsent(
+    services: &Services,
+    delivery: &Delivery,
+    end: fn(&Delivery, chrono::DateTime<chrono::Utc>) -> Option<Delivery>,
+) -> StoreResult<Disposition> {
+    if let Some(next) = end(delivery, services.clock.now()) {
         if save_unless_changed(services, delivery, &next)
             .await?
             .is_none()

@@ -156,6 +156,26 @@ async fn a_deleted_endpoint_ends_its_delivery_quietly() {
 }
 
 #[tokio::test]
+async fn a_delivery_whose_event_is_gone_ends_failed_with_no_attempt() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    c.world.store.expire_event(&d.tenant_id, &d.event_id);
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let ended = c.delivery(&d.id).await;
+    assert_eq!(ended.state, DeliveryState::Failed);
+    assert_eq!(
+        ended.last_error.as_deref(),
+        Some(state_machine::EVENT_GONE_ERROR)
+    );
+    assert!(
+        c.attempts(&d.id).await.is_empty(),
+        "nothing was sent, and no attempt is recorded"
+    );
+    assert!(c.world.transport.requests().is_empty());
+    assert!(c.world.deliveries.is_empty(), "the message is settled");
+}
+
+#[tokio::test]
 async fn at_most_once_interrupted_after_begin_is_never_sent_and_becomes_a_failure() {
     let c = case(|e| e.mode = DeliveryMode::AtMostOnce).await;
     let d = c.publish().await;

@@ -64,6 +64,8 @@ pub(super) struct Data {
 pub(super) struct Probes {
     endpoint_list_reads: usize,
     pub(super) create_yields: bool,
+    /// Events gone as a DynamoDB TTL deletes them ([`MemoryStore::expire_event`]).
+    pub(super) expired_events: BTreeSet<(String, String)>,
     /// Creates of this event's deliveries fail ([`MemoryStore::fail_creates_for_event`]).
     pub(super) failing_event: Option<EventId>,
     pub(super) creates_under_way: usize,
@@ -120,6 +122,15 @@ impl MemoryStore {
     /// (`None`: none fails).
     pub fn fail_creates_for_event(&self, event: Option<EventId>) {
         self.data().probes.failing_event = event;
+    }
+
+    /// From now on, `tenant`'s event `id` is gone, as a DynamoDB TTL deletes an outbox
+    /// item at the end of the retention period.
+    pub fn expire_event(&self, tenant: &TenantId, id: &EventId) {
+        self.data()
+            .probes
+            .expired_events
+            .insert((tenant.to_string(), id.to_string()));
     }
 
     /// The most delivery creates that were under way at once.
@@ -346,7 +357,11 @@ impl EventStore for MemoryStore {
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> StoreResult<Option<Event>> {
         let data = self.data();
-        let at = data.event_index.get(&(tenant.to_string(), id.to_string()));
+        let key = (tenant.to_string(), id.to_string());
+        if data.probes.expired_events.contains(&key) {
+            return Ok(None);
+        }
+        let at = data.event_index.get(&key);
         Ok(at.map(|&at| data.outbox[at].clone()))
     }
 
