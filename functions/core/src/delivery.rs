@@ -150,6 +150,11 @@ pub struct Delivery {
     /// `tenant:<id>`); `None` for the original schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The request under an `Idempotency-Key` whose resend started the current
+    /// generation (its mark), so that request, repeated after it died part-way, resends
+    /// only what it had not reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resent_for: Option<String>,
 }
 
 impl Delivery {
@@ -195,6 +200,7 @@ impl Delivery {
             delivered_at: None,
             version: 0,
             requested_by: None,
+            resent_for: None,
             superseded: None,
         }
     }

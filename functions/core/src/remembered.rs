@@ -89,10 +89,13 @@ pub struct IdempotencySlot {
     pub key: String,
 }
 
+/// How every claim of an [`IdempotencySlot`] ends.
+pub const CLAIM_SUFFIX: &str = "#claim";
+
 impl IdempotencySlot {
     /// The claim held while the first request with this key runs.
     pub fn claim(&self) -> String {
-        format!("{self}#claim")
+        format!("{self}{CLAIM_SUFFIX}")
     }
 
     /// The first request's answer, kept for the ones after it.

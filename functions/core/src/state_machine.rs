@@ -222,6 +222,7 @@ pub fn complete<R: Rng + ?Sized>(
 pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> Delivery {
     let mut next = delivery.clone();
     next.requested_by = Some(requested_by.to_owned());
+    next.resent_for = None;
     next.generation += 1;
     next.attempt_count = 0;
     next.state = DeliveryState::Pending;

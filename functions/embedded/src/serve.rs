@@ -102,6 +102,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), BoxError> {
             let lock = crate::db_lock::lock_database(db)?;
             let (mut services, backlog) =
                 open_sqlite_parts(db, *durability, clock, transport).await?;
+            // Under the lock: no other process serves this database, so a claim left
+            // is one a crash ended.
+            let released = backlog.store.release_request_claims().await?;
+            if released > 0 {
+                tracing::info!(
+                    released,
+                    "released the Idempotency-Key claims of requests the previous process was running"
+                );
+            }
             if let Some(bytes) = config.max_db_size {
                 backlog.store.db().limit_size(bytes).await?;
             }

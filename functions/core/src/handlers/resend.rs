@@ -47,6 +47,21 @@ pub async fn resend_delivery(
     delivery: &Delivery,
     requested_by: &str,
 ) -> Result<Delivery, ResendError> {
+    resend_delivery_for(services, delivery, requested_by, None).await
+}
+
+/// [`resend_delivery`] for the request `request` marks (an idempotent one, see
+/// [`Delivery::resent_for`]): a delivery this request already resent is answered as
+/// it stands, not resent again.
+pub async fn resend_delivery_for(
+    services: &Services,
+    delivery: &Delivery,
+    requested_by: &str,
+    request: Option<&str>,
+) -> Result<Delivery, ResendError> {
+    if request.is_some() && delivery.resent_for.as_deref() == request {
+        return Ok(delivery.clone());
+    }
     let endpoint = services
         .store
         .get_endpoint(&delivery.endpoint_id)
@@ -60,7 +75,12 @@ pub async fn resend_delivery(
                 return Err(ResendError::AttemptUnderWay { until });
             }
         }
-        let next = state_machine::resend(&current, requested_by, now);
+        if request.is_some() && current.resent_for.as_deref() == request {
+            // Read again after a conflict: this request's own resend, already made.
+            return Ok(current);
+        }
+        let mut next = state_machine::resend(&current, requested_by, now);
+        next.resent_for = request.map(str::to_owned);
         let message =
             DeliveryTask::for_resend(&next, now).message(endpoint.max_concurrency, Duration::ZERO);
         services.deliveries.send(vec![message]).await?;

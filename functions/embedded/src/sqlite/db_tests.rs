@@ -359,3 +359,47 @@ async fn the_log_file_shrinks_back_after_a_burst() {
     }
     assert!(size <= limit, "{size} after a burst of {burst}");
 }
+
+/// At start, the claims of requests that were running are released, and nothing else
+/// remembered: a finished request's answer stays, for its repeats.
+#[tokio::test]
+async fn releasing_request_claims_keeps_answers_and_other_keys() {
+    use entrega_core::ports::CounterStore;
+    use entrega_core::remembered::IdempotencySlot;
+
+    let dir = entrega_testkit::TempDir::new("db-claims");
+    let db = SqliteDb::open(&dir.0.join("c.db")).unwrap();
+    let store = super::super::SqliteStore::new(db, Arc::new(entrega_core::ports::SystemClock));
+    let ttl = std::time::Duration::from_secs(300);
+    let slot = |key: &str| IdempotencySlot {
+        route: "resend".into(),
+        caller: "caller".into(),
+        key: key.into(),
+    };
+    store
+        .remember_once(&slot("running").claim(), "r", ttl)
+        .await
+        .unwrap();
+    store
+        .remember_once(&slot("done").answer(), "a", ttl)
+        .await
+        .unwrap();
+    store
+        .remember_once("counted#flr_1", "1", ttl)
+        .await
+        .unwrap();
+    assert_eq!(store.release_request_claims().await.unwrap(), 1);
+    assert_eq!(store.recall(&slot("running").claim()).await.unwrap(), None);
+    assert_eq!(
+        store
+            .recall(&slot("done").answer())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        store.recall("counted#flr_1").await.unwrap().as_deref(),
+        Some("1")
+    );
+}

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use entrega_core::failure::{Acknowledgement, Failure, FailureQuery, Reacknowledge};
 use entrega_core::ids::{DeliveryId, FailureId};
 use entrega_core::ports::{CounterStore, FailureStore, Page, StoreResult};
+use entrega_core::remembered::CLAIM_SUFFIX;
 use rusqlite::{params, OptionalExtension};
 
 /// Failure records one delivery can have read back at once: one per failed generation,
@@ -240,6 +241,22 @@ impl CounterStore for SqliteStore {
                     .execute(params![key, value, expires_at])?;
                 }
                 Ok(existing)
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// Forget every claim of a request under an `Idempotency-Key` that was running
+    /// (see `entrega_http`'s idempotency); how many. Called at start, before the API
+    /// listens: each belongs to a request of the process before, which a crash ended.
+    /// Kept, it answered a repeat of that request "still running" for five minutes.
+    pub async fn release_request_claims(&self) -> StoreResult<usize> {
+        self.db
+            .call(|conn| {
+                Ok(conn
+                    .prepare_cached("DELETE FROM remembered WHERE substr(key, -length(?1)) = ?1")?
+                    .execute([CLAIM_SUFFIX])?)
             })
             .await
     }

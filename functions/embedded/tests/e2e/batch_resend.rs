@@ -184,3 +184,86 @@ async fn a_batch_resend_skips_deliveries_of_a_deleted_endpoint_and_resends_the_r
     assert_eq!(answer["queued"], 1, "{answer}");
     assert_eq!(answer["endpoint_deleted"].as_array().unwrap().len(), 1);
 }
+
+/// A batch resend under an `Idempotency-Key` cut by a `kill -9`, then repeated at once
+/// after the restart: the repeat runs (the dead request's claim went with its process;
+/// it answered 409 "still running" for five minutes) and resends only what the first
+/// run had not reached (it resent the whole window again: a hostile test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_resend_cut_by_a_crash_is_finished_by_its_repeat_resending_each_once() {
+    const EVENTS: usize = 800;
+    let dir = TempDir::new("batch-crash");
+    let mut server = Server::start(&dir);
+    let (_, acme) = server.admin().tenant("Acme").await;
+    let receiver = Receiver::answering(200).await;
+    acme.endpoint(json!({"url": receiver.url("/")})).await;
+    let since = chrono::Utc::now() - chrono::Duration::seconds(5);
+    let mut publishers = tokio::task::JoinSet::new();
+    for p in 0..8 {
+        let api = acme.clone();
+        publishers.spawn(async move {
+            for i in 0..EVENTS / 8 {
+                api.publish("bulk.item", json!({"p": p, "i": i})).await;
+            }
+        });
+    }
+    while publishers.join_next().await.is_some() {}
+    eventually(Duration::from_secs(60), "every event delivered", || async {
+        (receiver.count() >= EVENTS).then_some(())
+    })
+    .await;
+    let until = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let window = json!({"since": since.to_rfc3339(), "until": until.to_rfc3339()});
+
+    let cut = tokio::spawn({
+        let (api, window) = (acme.clone(), window.clone());
+        async move {
+            let _ = api
+                .client
+                .post(format!("{}/v1/deliveries/resend", api.base))
+                .bearer_auth(&api.key)
+                .header("Idempotency-Key", "cut-1")
+                .json(&window)
+                .send()
+                .await;
+        }
+    });
+    let delivered_before = receiver.count();
+    eventually(Duration::from_secs(30), "the first resends", || async {
+        (receiver.count() > delivered_before).then_some(())
+    })
+    .await;
+    server.kill_hard();
+    let _ = cut.await;
+
+    server = Server::start(&dir);
+    let acme = server.api(&acme.key);
+    let (status, answer) = acme
+        .post_keyed("/v1/deliveries/resend", window, "cut-1")
+        .await;
+    assert_eq!(status, 200, "the repeat runs at once: {answer}");
+    assert_eq!(answer["queued"], EVENTS, "{answer}");
+    let mut generations = std::collections::BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/deliveries?limit=200&cursor={c}"),
+            None => "/v1/deliveries?limit=200".to_owned(),
+        };
+        let (_, page) = acme.get(&path).await;
+        for d in page["data"].as_array().unwrap() {
+            *generations
+                .entry(d["generation"].as_u64().unwrap())
+                .or_insert(0) += 1;
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        generations,
+        std::collections::BTreeMap::from([(1, EVENTS)]),
+        "each delivery resent once by the request and its repeat together"
+    );
+}

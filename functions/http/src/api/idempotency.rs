@@ -25,6 +25,9 @@ const ANSWER_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
 const CLAIM_HELD_FOR: Duration = Duration::from_secs(300);
 /// The longest key accepted.
 const MAX_KEY_LEN: usize = 200;
+/// Bytes of a request's mark (hex on the delivery): 128 bits tell requests apart and
+/// keep a stored delivery small.
+const MARK_BYTES: usize = 16;
 
 /// Which request a key was used for, and its answer.
 #[derive(Serialize, Deserialize)]
@@ -93,6 +96,17 @@ impl IdempotentRequest {
             }
         };
         Ok(Self { slot, request })
+    }
+
+    /// What a resend made by this request records on its delivery
+    /// ([`entrega_core::delivery::Delivery::resent_for`]): the key's slot and the
+    /// request, hashed. `None` without a key. A repeat after the first run died
+    /// part-way (its answer never stored) finds what that run resent by it, and skips
+    /// it: the key promises each resend once.
+    pub fn mark(&self) -> Option<String> {
+        let slot = self.slot.as_ref()?;
+        let digest = Sha256::digest(format!("{slot}#{}", self.request).as_bytes());
+        Some(entrega_core::hex::lower_hex(&digest[..MARK_BYTES]))
     }
 
     /// Before the work: the first answer if this request was made before (as JSON),

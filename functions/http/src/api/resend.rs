@@ -12,7 +12,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use entrega_core::delivery::{Delivery, DeliveryStatus};
-use entrega_core::handlers::resend::{resend_delivery, ResendError};
+use entrega_core::handlers::resend::{resend_delivery_for, ResendError};
 use entrega_core::ids::{DeliveryId, EndpointId, TenantId};
 use entrega_core::ports::DeliveryQuery;
 use serde::{Deserialize, Serialize};
@@ -39,9 +39,15 @@ pub(super) const RESEND_FAILURE: &str = "resend-failure";
 /// Rows read per store call while walking a window.
 const PAGE: usize = 200;
 
-/// Resend one delivery now, answering with its new state.
-async fn resend_one(state: &AppState, caller: &Caller, delivery: &Delivery) -> ApiResult<Delivery> {
-    resend_delivery(&state.services, delivery, &caller.label())
+/// Resend one delivery now for `request`, answering with its new state.
+async fn resend_one(
+    state: &AppState,
+    caller: &Caller,
+    request: &IdempotentRequest,
+    delivery: &Delivery,
+) -> ApiResult<Delivery> {
+    let mark = request.mark();
+    resend_delivery_for(&state.services, delivery, &caller.label(), mark.as_deref())
         .await
         .map_err(|e| match e {
             ResendError::EndpointGone => {
@@ -82,7 +88,7 @@ pub(super) async fn resend_once(
     if let Some(first) = request.first_answer(store).await? {
         return Ok((StatusCode::ACCEPTED, Json(first)));
     }
-    match resend_one(state, caller, delivery).await {
+    match resend_one(state, caller, request, delivery).await {
         Ok(resent) => {
             let answer =
                 serde_json::to_value(DeliveryView::from(&resent)).expect("a delivery serialises");
@@ -148,9 +154,14 @@ pub(super) async fn resend_batch(
         return Ok(Json(first));
     }
     let mut answer = BatchResent::default();
+    let batch = Batch {
+        state: &state,
+        caller: &caller,
+        mark: request.mark(),
+    };
     let done = match &body.ids {
-        Some(ids) => by_ids(&state, &caller, ids, &body, &mut answer).await,
-        None => by_window(&state, &caller, &body, &mut answer).await,
+        Some(ids) => batch.by_ids(ids, &body, &mut answer).await,
+        None => batch.by_window(&body, &mut answer).await,
     };
     if let Err(e) = done {
         // One that failed part-way keeps its key claimed (see `failed`).
@@ -161,116 +172,130 @@ pub(super) async fn resend_batch(
     Ok(Json(answer))
 }
 
-/// Resend `delivery` as part of a batch, counting it in `answer`; a delivery whose
-/// endpoint was deleted, or whose at-most-once attempt is under way, is listed and
-/// skipped, not an error for the whole batch.
-async fn resend_in_batch(
-    state: &AppState,
-    caller: &Caller,
-    delivery: &Delivery,
-    answer: &mut BatchResent,
-) -> ApiResult<()> {
-    match resend_delivery(&state.services, delivery, &caller.label()).await {
-        Ok(_) => answer.queued += 1,
-        Err(ResendError::EndpointGone) => answer.endpoint_deleted.push(delivery.id.to_string()),
-        Err(ResendError::AttemptUnderWay { .. }) => {
-            answer.attempt_under_way.push(delivery.id.to_string())
-        }
-        Err(ResendError::Store(e)) => return Err(e.into()),
-    }
-    Ok(())
+/// One batch request: who asks, and the mark its resends record (see
+/// [`IdempotentRequest::mark`]).
+struct Batch<'a> {
+    state: &'a AppState,
+    caller: &'a Caller,
+    mark: Option<String>,
 }
 
-async fn by_ids(
-    state: &AppState,
-    caller: &Caller,
-    ids: &[String],
-    body: &BatchResend,
-    answer: &mut BatchResent,
-) -> ApiResult<()> {
-    if body.endpoint_id.is_some()
-        || body.tenant_id.is_some()
-        || body.event_type.is_some()
-        || body.status.is_some()
-        || body.since.is_some()
-        || body.until.is_some()
-    {
-        return Err(ApiError::invalid(
-            "ids",
-            "give either `ids` or a filter with a window, not both",
-        ));
+impl Batch<'_> {
+    /// Resend `delivery` as part of a batch, counting it in `answer`; a delivery whose
+    /// endpoint was deleted, or whose at-most-once attempt is under way, is listed and
+    /// skipped, not an error for the whole batch. One this request resent before it died
+    /// part-way is counted, not resent again.
+    async fn resend_in_batch(
+        &self,
+        delivery: &Delivery,
+        answer: &mut BatchResent,
+    ) -> ApiResult<()> {
+        let (state, caller) = (self.state, self.caller);
+        match resend_delivery_for(
+            &state.services,
+            delivery,
+            &caller.label(),
+            self.mark.as_deref(),
+        )
+        .await
+        {
+            Ok(_) => answer.queued += 1,
+            Err(ResendError::EndpointGone) => answer.endpoint_deleted.push(delivery.id.to_string()),
+            Err(ResendError::AttemptUnderWay { .. }) => {
+                answer.attempt_under_way.push(delivery.id.to_string())
+            }
+            Err(ResendError::Store(e)) => return Err(e.into()),
+        }
+        Ok(())
     }
-    if ids.is_empty() || ids.len() > MAX_BATCH {
-        return Err(ApiError::invalid(
-            "ids",
-            format!("1 to {MAX_BATCH} delivery ids"),
-        ));
+
+    async fn by_ids(
+        &self,
+        ids: &[String],
+        body: &BatchResend,
+        answer: &mut BatchResent,
+    ) -> ApiResult<()> {
+        let (state, caller) = (self.state, self.caller);
+        if body.endpoint_id.is_some()
+            || body.tenant_id.is_some()
+            || body.event_type.is_some()
+            || body.status.is_some()
+            || body.since.is_some()
+            || body.until.is_some()
+        {
+            return Err(ApiError::invalid(
+                "ids",
+                "give either `ids` or a filter with a window, not both",
+            ));
+        }
+        if ids.is_empty() || ids.len() > MAX_BATCH {
+            return Err(ApiError::invalid(
+                "ids",
+                format!("1 to {MAX_BATCH} delivery ids"),
+            ));
+        }
+        // The same id twice is one resend: a second would only supersede the first.
+        let mut seen = std::collections::HashSet::new();
+        for raw in ids.iter().filter(|raw| seen.insert(raw.as_str())) {
+            let found = match raw.parse::<DeliveryId>() {
+                Ok(id) => state
+                    .services
+                    .store
+                    .get_delivery(&id)
+                    .await?
+                    .filter(|d| caller.can_see(&d.tenant_id)),
+                Err(_) => None,
+            };
+            match found {
+                Some(d) => self.resend_in_batch(&d, answer).await?,
+                None => answer.not_found.push(raw.clone()),
+            }
+        }
+        Ok(())
     }
-    // The same id twice is one resend: a second would only supersede the first.
-    let mut seen = std::collections::HashSet::new();
-    for raw in ids.iter().filter(|raw| seen.insert(raw.as_str())) {
-        let found = match raw.parse::<DeliveryId>() {
-            Ok(id) => state
-                .services
-                .store
-                .get_delivery(&id)
-                .await?
-                .filter(|d| caller.can_see(&d.tenant_id)),
-            Err(_) => None,
+
+    async fn by_window(&self, body: &BatchResend, answer: &mut BatchResent) -> ApiResult<()> {
+        let (state, caller) = (self.state, self.caller);
+        let (Some(since), Some(until)) = (body.since, body.until) else {
+            return Err(ApiError::invalid(
+                "since",
+                "a filtered resend needs `since` and `until` (or give `ids`)",
+            ));
         };
-        match found {
-            Some(d) => resend_in_batch(state, caller, &d, answer).await?,
-            None => answer.not_found.push(raw.clone()),
+        if until <= since {
+            return Err(ApiError::invalid("until", "must be after `since`"));
         }
-    }
-    Ok(())
-}
-
-async fn by_window(
-    state: &AppState,
-    caller: &Caller,
-    body: &BatchResend,
-    answer: &mut BatchResent,
-) -> ApiResult<()> {
-    let (Some(since), Some(until)) = (body.since, body.until) else {
-        return Err(ApiError::invalid(
-            "since",
-            "a filtered resend needs `since` and `until` (or give `ids`)",
-        ));
-    };
-    if until <= since {
-        return Err(ApiError::invalid("until", "must be after `since`"));
-    }
-    if until - since > chrono::Duration::days(MAX_WINDOW_DAYS) {
-        return Err(ApiError::invalid(
-            "until",
-            format!("a window spans at most {MAX_WINDOW_DAYS} days"),
-        ));
-    }
-    let mut query = DeliveryQuery {
-        tenant: caller.list_scope(body.tenant_id.clone())?,
-        endpoint_id: body.endpoint_id.clone(),
-        event_type: event_type_filter(body.event_type.as_ref())?,
-        status: body.status,
-        since: Some(since),
-        until: Some(until),
-        limit: PAGE,
-        cursor: body.cursor.as_ref().map(ToString::to_string),
-    };
-    let mut walked = 0;
-    loop {
-        let page = state.services.store.list_deliveries(&query).await?;
-        for d in &page.data {
-            resend_in_batch(state, caller, d, answer).await?;
+        if until - since > chrono::Duration::days(MAX_WINDOW_DAYS) {
+            return Err(ApiError::invalid(
+                "until",
+                format!("a window spans at most {MAX_WINDOW_DAYS} days"),
+            ));
         }
-        walked += page.data.len();
-        query.cursor = page.next_cursor;
-        if query.cursor.is_none() || walked + PAGE > MAX_BATCH {
-            break;
+        let mut query = DeliveryQuery {
+            tenant: caller.list_scope(body.tenant_id.clone())?,
+            endpoint_id: body.endpoint_id.clone(),
+            event_type: event_type_filter(body.event_type.as_ref())?,
+            status: body.status,
+            since: Some(since),
+            until: Some(until),
+            limit: PAGE,
+            cursor: body.cursor.as_ref().map(ToString::to_string),
+        };
+        let mut walked = 0;
+        loop {
+            let page = state.services.store.list_deliveries(&query).await?;
+            for d in &page.data {
+                self.resend_in_batch(d, answer).await?;
+            }
+            walked += page.data.len();
+            query.cursor = page.next_cursor;
+            if query.cursor.is_none() || walked + PAGE > MAX_BATCH {
+                break;
+            }
         }
+        answer.next_cursor = query.cursor;
+        Ok(())
     }
-    answer.next_cursor = query.cursor;
-    Ok(())
 }
 
 pub fn router() -> Router<AppState> {
