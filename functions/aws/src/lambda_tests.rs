@@ -117,6 +117,19 @@ async fn published(n: usize) -> Published {
     }
 }
 
+/// Each of `events` has one delivery, however often it was fanned out.
+async fn one_delivery_each(world: &World, events: &[Event]) {
+    for event in events {
+        let made = world
+            .services
+            .store
+            .deliveries_of_event(event)
+            .await
+            .unwrap();
+        assert_eq!(made.len(), 1, "one delivery for event {}", event.id);
+    }
+}
+
 /// The records a response asks Lambda to replay from.
 fn failed_from(response: &DynamoDbEventResponse) -> Vec<String> {
     response
@@ -153,18 +166,7 @@ async fn a_batchs_messages_go_ten_to_a_send() {
         1,
         "one backlog update for the tenant, not one per event"
     );
-    for event in &events {
-        assert_eq!(
-            world
-                .services
-                .store
-                .deliveries_of_event(event)
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-    }
+    one_delivery_each(&world, &events).await;
 }
 
 #[tokio::test]
@@ -207,15 +209,7 @@ async fn a_failed_send_replays_from_the_first_record_it_held() {
         13,
         "each event's message queued once"
     );
-    for event in &events {
-        let made = world
-            .services
-            .store
-            .deliveries_of_event(event)
-            .await
-            .unwrap();
-        assert_eq!(made.len(), 1, "one delivery per event");
-    }
+    one_delivery_each(&world, &events).await;
 }
 
 #[tokio::test]
@@ -356,15 +350,7 @@ async fn a_batchs_records_are_fanned_out_ten_at_once() {
         3,
         "a group's messages in one send (10, 10, 5)"
     );
-    for event in &events {
-        let made = world
-            .services
-            .store
-            .deliveries_of_event(event)
-            .await
-            .unwrap();
-        assert_eq!(made.len(), 1, "one delivery per event");
-    }
+    one_delivery_each(&world, &events).await;
 }
 
 #[tokio::test]
@@ -418,15 +404,7 @@ async fn a_record_failing_in_a_group_replays_the_batch_from_it() {
     )
     .await;
     assert!(response.batch_item_failures.is_empty());
-    for event in &events {
-        let made = world
-            .services
-            .store
-            .deliveries_of_event(event)
-            .await
-            .unwrap();
-        assert_eq!(made.len(), 1, "one delivery per event, replay or not");
-    }
+    one_delivery_each(&world, &events).await;
     let queued: std::collections::HashSet<String> = world
         .deliveries
         .bodies()
