@@ -155,6 +155,12 @@ pub struct Delivery {
     /// only what it had not reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resent_for: Option<String>,
+    /// Drawn by the resend that started the current generation, and carried by the
+    /// message it queued: resends racing on one delivery each queue a message before
+    /// their conditional write, so the loser's names the winner's generation too, and
+    /// the worker keeps only the one whose token the delivery holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_token: Option<u64>,
 }
 
 impl Delivery {
@@ -201,6 +207,7 @@ impl Delivery {
             version: 0,
             requested_by: None,
             resent_for: None,
+            resend_token: None,
             superseded: None,
         }
     }

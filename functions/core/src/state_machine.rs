@@ -223,6 +223,7 @@ pub fn resend(delivery: &Delivery, requested_by: &str, now: DateTime<Utc>) -> De
     let mut next = delivery.clone();
     next.requested_by = Some(requested_by.to_owned());
     next.resent_for = None;
+    next.resend_token = None;
     next.generation += 1;
     next.attempt_count = 0;
     next.state = DeliveryState::Pending;

@@ -81,6 +81,7 @@ pub async fn resend_delivery_for(
         }
         let mut next = state_machine::resend(&current, requested_by, now);
         next.resent_for = request.map(str::to_owned);
+        next.resend_token = Some(services.random.next_u64());
         let message =
             DeliveryTask::for_resend(&next, now).message(endpoint.max_concurrency, Duration::ZERO);
         services.deliveries.send(vec![message]).await?;

@@ -20,6 +20,10 @@ pub struct DeliveryTask {
     /// of a delivery untouched for a minute whose message the worker saw first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resent_at_ms: Option<i64>,
+    /// The resend's token ([`Delivery::resend_token`]): of two messages naming one
+    /// generation, the one whose resend lost the race to write it carries another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_token: Option<u64>,
 }
 
 impl DeliveryTask {
@@ -30,6 +34,7 @@ impl DeliveryTask {
             endpoint_id: delivery.endpoint_id.clone(),
             generation: delivery.generation,
             resent_at_ms: None,
+            resend_token: delivery.resend_token,
         }
     }
 

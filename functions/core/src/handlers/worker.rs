@@ -182,6 +182,10 @@ async fn screen(
     if let Some(wait) = before_resend_write(task, delivery, now) {
         return Ok(Some(wait));
     }
+    if lost_its_resend_race(task, delivery) {
+        tracing::debug!("a message of a resend that lost its race to another; dropped");
+        return Ok(Some(Disposition::Done));
+    }
     if endpoint.disabled {
         if !delivery.state.is_terminal() && delivery.state != DeliveryState::Paused {
             let paused = state_machine::pause(delivery, now);
@@ -222,6 +226,16 @@ fn before_resend_write(
         return Some(Disposition::RetryIn(RESEND_WRITE_RECHECK));
     }
     Some(Disposition::Done)
+}
+
+/// Whether `task` was queued by a resend whose write lost to another resend of the
+/// same generation: it names that generation, but another resend's token. Sent, it
+/// went beside the winner's own message, the event on the wire twice at once (a
+/// hostile test: three resends at one moment).
+fn lost_its_resend_race(task: &DeliveryTask, delivery: &Delivery) -> bool {
+    task.generation == delivery.generation
+        && task.resend_token.is_some()
+        && task.resend_token != delivery.resend_token
 }
 
 /// No attempt for this message: why decides what becomes of it.

@@ -156,6 +156,54 @@ async fn a_deleted_endpoint_ends_its_delivery_quietly() {
 }
 
 #[tokio::test]
+async fn a_message_left_by_a_resend_that_lost_its_race_sends_nothing() {
+    let c = case(|_| {}).await;
+    let d = c.publish().await;
+    assert_eq!(c.handle_next().await, Disposition::Done);
+    let delivered = c.delivery(&d.id).await;
+    // Two resends read the delivery as delivered. The one that loses queued its
+    // message, naming the generation both planned, before its write was refused.
+    let lost = crate::handlers::task::DeliveryTask {
+        generation: delivered.generation + 1,
+        resend_token: Some(42),
+        ..crate::handlers::task::DeliveryTask::for_resend(&delivered, c.world.clock.now())
+    };
+    c.world
+        .services
+        .deliveries
+        .send(vec![lost.message(8, Duration::ZERO)])
+        .await
+        .unwrap();
+    let won = super::super::resend::resend_delivery(&c.world.services, &delivered, "admin")
+        .await
+        .unwrap();
+    assert_eq!(won.generation, lost.generation);
+    assert_ne!(won.resend_token, lost.resend_token);
+
+    assert_eq!(
+        c.handle_next().await,
+        Disposition::Done,
+        "the loser's message"
+    );
+    assert_eq!(
+        c.world.transport.requests().len(),
+        1,
+        "nothing sent for the message of the resend that lost"
+    );
+    assert_eq!(
+        c.handle_next().await,
+        Disposition::Done,
+        "the winner's message"
+    );
+    assert_eq!(
+        c.world.transport.requests().len(),
+        2,
+        "the resend went once"
+    );
+    assert_eq!(c.delivery(&d.id).await.state, DeliveryState::Delivered);
+}
+
+#[tokio::test]
 async fn a_delivery_whose_event_is_gone_ends_failed_with_no_attempt() {
     let c = case(|_| {}).await;
     let d = c.publish().await;
