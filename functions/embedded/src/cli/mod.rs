@@ -115,6 +115,9 @@ pub struct ResendArgs {
     /// End of the window (RFC 3339), e.g. 2026-11-30T00:00:00Z.
     #[arg(long, conflicts_with = "id", requires = "since", value_parser = parse_time)]
     pub until: Option<DateTime<Utc>>,
+    /// Go on with a window where an earlier run stopped (the cursor it printed).
+    #[arg(long, conflicts_with = "id", requires = "since")]
+    pub cursor: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -313,7 +316,7 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
     // Page through the window, one bounded request at a time, showing progress.
     let mut body = json!({
         "endpoint_id": r.endpoint, "status": r.status, "event_type": r.event_type,
-        "since": since.to_rfc3339(), "until": until.to_rfc3339(),
+        "since": since.to_rfc3339(), "until": until.to_rfc3339(), "cursor": r.cursor,
     });
     body.as_object_mut()
         .expect("an object")
@@ -335,7 +338,7 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
             Ok(answer) => answer,
             Err(e) => {
                 progress.abandon();
-                return Err(e);
+                return Err(stopped_part_way(e, progress.position(), requests, &body));
             }
         };
         requests += 1;
@@ -354,6 +357,20 @@ pub async fn resend(args: &ApiArgs, r: ResendArgs) -> Result<(), CliError> {
         println!("{total} deliveries queued for resend ({requests} request(s))");
     }
     Ok(())
+}
+
+/// A window's resend that failed after `requests` pages were answered: the error, with
+/// what was done and where to go on. Without it, the only way on was to run the whole
+/// window again, resending what was done (a hostile test).
+fn stopped_part_way(error: CliError, queued: u64, requests: u64, body: &Value) -> CliError {
+    let Some(cursor) = body["cursor"].as_str().filter(|_| requests > 0) else {
+        return error;
+    };
+    CliError(format!(
+        "{error}\n{queued} deliveries were queued for resend in {requests} request(s) \
+         before this; to go on, run the same command with --cursor {cursor} (the page \
+         under way when it failed may be resent in part)"
+    ))
 }
 
 pub async fn failures(args: &ApiArgs, command: FailuresCommand) -> Result<(), CliError> {

@@ -448,3 +448,103 @@ fn the_cli_reads_no_answer_past_its_limit() {
         "{said}"
     );
 }
+
+/// A loopback server answering its `n`th connection with `replies[n]` (each closes
+/// its connection), and what each request sent; past the replies, connections are
+/// closed unanswered.
+fn scripted_server(replies: Vec<String>) -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (sent, requests) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut replies = replies.into_iter();
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = sent.send(read_request(&mut stream));
+            if let Some(reply) = replies.next() {
+                let _ = stream.write_all(reply.as_bytes());
+            }
+        }
+    });
+    (url, requests)
+}
+
+/// One HTTP/1.1 request, head and body (as long as its `content-length` says).
+fn read_request(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut chunk = [0; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let length = text[..head_end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= head_end + 4 + length {
+                return text;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return text,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn json_reply(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A window's resend that fails part-way says what it queued and how to go on, and
+/// `--cursor` goes on from there.
+#[test]
+fn a_window_resend_that_fails_part_way_says_where_to_go_on() {
+    let cursor = format!("dlv_{}", "0".repeat(31) + "1");
+    let window = [
+        "resend",
+        "--since",
+        "2026-11-29T00:00:00Z",
+        "--until",
+        "2026-11-30T00:00:00Z",
+    ];
+    let (url, _) = scripted_server(vec![
+        json_reply(
+            "200 OK",
+            &json!({"queued": 200, "next_cursor": cursor}).to_string(),
+        ),
+        json_reply(
+            "503 Service Unavailable",
+            r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the store is busy"}"#,
+        ),
+    ]);
+    let out = entrega_against(&url, "k", &window);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("200 deliveries were queued for resend in 1 request(s)")
+            && said.contains(&format!("--cursor {cursor}")),
+        "{said}"
+    );
+
+    let (url, requests) = scripted_server(vec![json_reply(
+        "200 OK",
+        r#"{"queued": 5, "next_cursor": null}"#,
+    )]);
+    let out = entrega_against(&url, "k", &[&window[..], &["--cursor", &cursor]].concat());
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("5 deliveries queued"), "{out:?}");
+    let request = requests.recv().unwrap();
+    assert!(
+        request.contains(&format!(r#""cursor":"{cursor}""#)),
+        "the walk goes on from the cursor: {request}"
+    );
+}
