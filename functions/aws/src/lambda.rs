@@ -55,8 +55,9 @@ pub fn outbox_records(event: aws_lambda_events::event::dynamodb::Event) -> Vec<O
 ///
 /// Why at once: each fan-out waits for its store calls (the tenant's endpoints, a
 /// conditional create per endpoint), a few milliseconds each on AWS; one after
-/// another, a stream shard fanned out a few hundred events a second, and one tenant's
-/// burst held every other tenant's events behind it for as long as it took.
+/// another, a stream shard fanned out about seventy events a second (README, "The
+/// fan-out's pace"), and one tenant's burst held every other tenant's events behind
+/// it for as long as it took.
 ///
 /// Each tenant's endpoints are read once for the batch ([`BatchEndpoints`]). The
 /// records' delivery messages are held and sent when their group is done, ten to a

@@ -59,7 +59,7 @@ const SPREAD_OVER: usize = 10;
 
 /// Where the producer's events go; either way every event is committed before the
 /// fan-out starts, so the stream's batches are full, as at production rates.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Shape {
     /// Over [`SPREAD_OVER`] endpoints of one tenant: what is priced is a delivery.
     Spread,
